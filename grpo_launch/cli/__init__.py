@@ -1,0 +1,59 @@
+"""The `grpo` command: one small module per subcommand, all sharing this app and its error handling."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from grpo_launch.errors import EXIT_USER_ERROR, UserError
+
+app = typer.Typer(
+    name="grpo",
+    help="Launch GRPO training (TRL + vLLM + DeepSpeed/accelerate) from one declarative recipe.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+RecipesDirOption = typer.Option(
+    None, "--recipes-dir", metavar="DIR",
+    help="Add a directory of recipes (its recipe/, cluster/, model/, ... folders) ahead of the shipped ones; "
+         "repeatable. $GRPO_RECIPES_PATH adds more.")
+
+
+def report(error: UserError) -> None:
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {error.message}", markup=True)
+    if error.hint:
+        console.print(f"  [dim]hint:[/] {error.hint}", markup=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from grpo_launch.cli import plan, recipes  # noqa: F401  (registers the subcommands)
+
+    try:
+        app(args=argv, prog_name="grpo", standalone_mode=False)
+    except UserError as e:
+        report(e)
+        return EXIT_USER_ERROR
+    except typer.Exit as e:
+        return e.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        return 130
+    except Exception as e:  # click's usage errors
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            return EXIT_USER_ERROR if isinstance(e, click.UsageError) else e.exit_code
+        raise
+    return 0
+
+
+def entrypoint() -> None:
+    sys.exit(main())

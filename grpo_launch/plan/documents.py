@@ -1,0 +1,90 @@
+"""The files a user can take outside grpo-launch: the DeepSpeed JSON and the accelerate config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_launch.errors import UserError
+from grpo_launch.schema import Config
+
+DEEPSPEED_FILE = "deepspeed.json"
+ACCELERATE_FILE = "accelerate.yaml"
+
+
+def check_zero(config: Config) -> None:
+    z = config.zero
+    if z.offload_param and z.stage != 3:
+        raise UserError(f"zero.offload_param needs ZeRO stage 3 (zero.stage={z.stage})", key="zero.offload_param",
+                        hint="choose zero=3 or zero=3-offload, or set zero.offload_param=false")
+    if z.offload_optimizer and z.stage == 0:
+        raise UserError("zero.offload_optimizer needs DeepSpeed (zero.stage 1, 2 or 3)", key="zero.offload_optimizer",
+                        hint="choose zero=3-offload, or set zero.offload_optimizer=false")
+
+
+def deepspeed_config(config: Config) -> dict[str, Any]:
+    """DeepSpeed's JSON, "auto" where transformers fills the value from the TRL arguments."""
+    z = config.zero
+    pin = config.cluster.accelerator == "cuda"  # pinned host memory needs a CUDA device
+    zero: dict[str, Any] = {"stage": z.stage}
+    if z.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+    if z.offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+    if z.contiguous_gradients is not None:
+        zero["contiguous_gradients"] = z.contiguous_gradients
+    if z.overlap_comm is not None:
+        zero["overlap_comm"] = z.overlap_comm
+    if z.stage == 3:
+        zero.update({"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                     "stage3_param_persistence_threshold": "auto",
+                     "stage3_gather_16bit_weights_on_model_save": True})
+    return {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "zero_optimization": zero,
+    }
+
+
+def accelerate_config(config: Config, *, machines: int, processes: int, main_ip: str, fsdp2: bool) -> dict[str, Any]:
+    """accelerate's config file. Per-node launches add only --machine_rank."""
+    doc: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "num_machines": machines,
+        "num_processes": processes,
+        "machine_rank": 0,
+        "main_process_ip": main_ip,
+        "main_process_port": config.run.main_process_port,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "gpu_ids": "all",
+        # On a CPU-only machine `use_cpu`/MULTI_CPU make accelerate start a single process; MULTI_GPU goes
+        # through torch.distributed.run, which starts them all and falls back to gloo.
+        "use_cpu": False,
+    }
+    if config.zero.stage > 0:
+        doc["distributed_type"] = "DEEPSPEED"
+        doc["deepspeed_config"] = {"deepspeed_config_file": DEEPSPEED_FILE,
+                                   "zero3_init_flag": config.zero.stage == 3}
+        return doc  # precision comes from deepspeed.json ("auto": the TRL arguments' bf16/fp16)
+    doc["mixed_precision"] = "bf16" if config.cluster.accelerator == "cuda" and config.model.dtype == "bfloat16" \
+        else "no"
+    if fsdp2:
+        doc["distributed_type"] = "FSDP"
+        doc["fsdp_config"] = {
+            "fsdp_version": 2,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_offload_params": False,
+            "fsdp_reshard_after_forward": True,
+            # FULL_STATE_DICT with FSDP2 + PEFT checkpoints only rank 0's shard of each adapter tensor
+            # (huggingface/accelerate#4206); sharded checkpoints resume correctly.
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        }
+    else:
+        doc["distributed_type"] = "MULTI_GPU" if processes > 1 else "NO"
+    return doc

@@ -1,0 +1,65 @@
+"""launch.sh: the plan as a shell script that replays every process by hand, without grpo-launch."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from grpo_launch.plan.types import ProcessSpec
+
+_HEADER = """#!/usr/bin/env bash
+# Replays run '{recipe}' (placement {placement}) without grpo-launch. It works in its own directory, the run
+# directory. On a cluster, start it on every node with NODE_RANK set to that node's index; one machine needs
+# nothing. Secrets are read from your environment by name and never written here: {secrets}.
+set -euo pipefail
+cd "$(dirname "$0")"
+NODE_RANK="${{NODE_RANK:-0}}"
+mkdir -p logs
+pids=()
+stop_all() {{ for pid in "${{pids[@]}}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done; }}
+trap stop_all EXIT
+trap 'exit 130' INT TERM
+wait_ready() {{  # URL TIMEOUT_S: poll until the URL answers 200
+  python3 - "$1" "$2" <<'PY'
+import sys, time, urllib.request
+url, deadline = sys.argv[1], time.time() + float(sys.argv[2])
+while time.time() < deadline:
+    try:
+        if urllib.request.urlopen(url, timeout=5).status == 200:
+            sys.exit(0)
+    except Exception:
+        pass
+    time.sleep(2)
+sys.exit(f"{{url}} did not answer within {{sys.argv[2]}} s")
+PY
+}}
+"""
+
+
+def _command(p: ProcessSpec) -> str:
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items())
+    return f"env {env} {shlex.join(p.argv)}" if env else shlex.join(p.argv)
+
+
+def launch_script(recipe: str, placement: str, processes: Sequence[ProcessSpec], secrets: Sequence[str]) -> str:
+    ready = {p.name: (p.ready_url, p.ready_timeout_s) for p in processes if p.ready_url}
+    lines = [_HEADER.format(recipe=recipe, placement=placement, secrets=", ".join(secrets) or "none")]
+    trainer_nodes = sorted({p.node for p in processes if p.role == "trainer"})
+    for p in processes:
+        gpus = ",".join(map(str, p.gpus)) or "none"
+        lines.append(f"# {p.name}: {p.role} on node {p.node}, GPUs {gpus}")
+        for dep in p.depends_on:
+            url, timeout = ready[dep]
+            lines.append(f"wait_ready {shlex.quote(url)} {timeout:g}  # {dep}")
+        lines.append(f'if [ "$NODE_RANK" = {p.node} ]; then')
+        if p.start_delay_s:
+            lines.append(f"  sleep {p.start_delay_s:g}")
+        var = "trainer_pid" if p.role == "trainer" else "last_pid"
+        lines.append(f"  setsid {_command(p)} > logs/{p.name}.log 2>&1 &")
+        lines.append(f"  {var}=$!; pids+=(\"${var}\")")
+        lines.append("fi")
+    lines.append("# A trainer node ends with its trainer (and passes on its exit code); other nodes serve until "
+                 "stopped.")
+    nodes = " ".join(map(str, trainer_nodes))
+    lines.append(f'case " {nodes} " in *" $NODE_RANK "*) wait "$trainer_pid" ;; *) wait ;; esac')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,47 @@
+"""server: one `vllm serve` on its own GPUs; the trainer ranks (on disjoint GPUs) send it prompts over HTTP and
+push weights to it over NCCL after each step (TRL's vllm_mode="server").
+
+TRL 1.16 talks to a single server URL, so there is one engine (data parallel size 1) of TP GPUs. The trainer's
+rank 0 hosts the NCCL rendezvous on `vllm.group_port`, which must be free on its host.
+"""
+
+from __future__ import annotations
+
+from grpo_launch.errors import UserError
+from grpo_launch.plan.common import Context, PlacementResult, base_env, require_vllm_on_gpus, vllm_serve_argv
+from grpo_launch.plan.layout import dedicated_layout
+from grpo_launch.plan.types import Engine, ProcessSpec
+
+CONFIG_CLASS = "GRPOConfig"
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # the GPUs are vLLM's alone
+
+
+def plan(ctx: Context) -> PlacementResult:
+    config = ctx.config
+    v = config.vllm
+    require_vllm_on_gpus(config, "server")
+    if v.data_parallel_size not in (None, 1):
+        raise UserError(f"vllm.data_parallel_size={v.data_parallel_size}: TRL 1.16's server mode talks to one "
+                        f"server, and vLLM's --data-parallel-size does not take NCCL weight updates for dense "
+                        f"models", key="vllm.data_parallel_size",
+                        hint="use vllm.tensor_parallel_size for a bigger server, or placement=async-lora for "
+                             "several replicas")
+    layout = dedicated_layout(config, engines=1, gpus_per_engine=v.tensor_parallel_size)
+    node, gpus = layout.engine_gpus[0]
+    port = ctx.ports.next_free(node, v.port, "the vLLM server")
+    url = f"http://{ctx.host(node)}:{port}"
+    utilization = v.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+    env = base_env(config, gpus) | {"VLLM_SERVER_DEV_MODE": "1"}  # weight-transfer endpoints are dev-mode only
+    server = ProcessSpec(name="vllm", role="vllm", node=node, gpus=gpus,
+                         argv=vllm_serve_argv(config, bind=ctx.bind_address(), port=port,
+                                              gpu_memory_utilization=utilization),
+                         env=env, pass_env=tuple(config.env.passthrough), port=port, ready_url=f"{url}/health",
+                         ready_timeout_s=v.health_timeout_s)
+    group_port = ctx.ports.claim(layout.trainer_nodes[0], v.group_port, "the NCCL weight-sync rendezvous",
+                                 "vllm.group_port")
+    args = {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": url, "vllm_group_port": group_port}
+    summary = {"enabled": True, "engine": "vllm serve", "tensor_parallel_size": v.tensor_parallel_size,
+               "data_parallel_size": 1, "sleep_level": 0, "gpu_memory_utilization": utilization,
+               "max_model_len": v.max_model_len, "url": url, "group_port": group_port}
+    return PlacementResult(layout=layout, engines=[Engine(0, node, gpus, process="vllm", url=url)],
+                           services=[server], trainer_args=args, trainer_depends_on=("vllm",), vllm=summary)

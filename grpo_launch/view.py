@@ -1,0 +1,88 @@
+"""The rich view of a plan: the GPU grid, the processes, the files, the warnings."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from grpo_launch.plan.types import Plan, ProcessSpec
+
+ROLE_STYLE = {"trainer": "green", "vllm": "magenta", "replica": "magenta", "proxy": "cyan", "idle": "dim"}
+
+
+def _cell_style(label: str) -> str:
+    if label.startswith("train") and "+" in label:
+        return "bold yellow"  # a trainer rank hosting a colocated vLLM shard
+    return ROLE_STYLE.get(label.split(" ")[0].replace("train", "trainer"), "")
+
+
+def _grid(plan: Plan) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("")
+    for g in range(plan.gpus_per_node):
+        table.add_column("CPU " + str(g) if plan.accelerator == "cpu" else f"GPU{g}", no_wrap=True)
+    for node, row in enumerate(plan.gpu_map):
+        table.add_row(f"node {node}", *(Text(label, style=_cell_style(label)) for label in row))
+    return table
+
+
+def command_line(p: ProcessSpec) -> str:
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items())
+    return f"{env} {shlex.join(p.argv)}".strip()
+
+
+def _processes(plan: Plan) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold", show_header=True)
+    for col in ("process", "node", "GPUs", "port", "waits for", "command"):
+        table.add_column(col, overflow="fold", no_wrap=col != "command")
+    for p in plan.processes:
+        gpus = ",".join(map(str, p.gpus)) if p.gpus else "-"
+        table.add_row(Text(p.name, style=ROLE_STYLE.get(p.role, "")), str(p.node), gpus,
+                      str(p.port or "-"), ", ".join(p.depends_on) or "-", command_line(p))
+    return table
+
+
+def _file_text(name: str, document) -> str:
+    if isinstance(document, str):
+        return document
+    if name.endswith((".yaml", ".yml")):
+        import yaml
+
+        return yaml.safe_dump(document, sort_keys=False)
+    return json.dumps(document, indent=2)
+
+
+def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None = None) -> None:
+    console = console or Console(highlight=False)
+    devices = "CPU process" if plan.accelerator == "cpu" else f"GPU ({plan.gpu_type} {plan.gpu_memory_gib:g}GB)"
+    zero = f"ZeRO-{plan.zero_stage}" if plan.zero_stage else ("FSDP2" if plan.placement == "async-lora" else "DDP")
+    console.print(f"[bold]{plan.recipe}[/] · placement={plan.placement} · {plan.nodes} node × "
+                  f"{plan.gpus_per_node} {devices} · {zero} · {plan.launcher} · {plan.world_size} trainer "
+                  f"rank(s)")
+    console.print()
+    console.print(_grid(plan))
+    console.print()
+    v = plan.vllm
+    if v.get("enabled"):
+        settings = ", ".join(f"{k}={val}" for k, val in v.items() if k not in ("enabled", "engine"))
+        console.print(f"[bold]vllm[/]      {v['engine']}: {settings}")
+    else:
+        console.print(f"[bold]generation[/] {v['engine']}")
+    b = plan.batch
+    console.print("[bold]batch[/]     " + ", ".join(f"{k}={val}" for k, val in b.items()))
+    console.print(f"[bold]trainer[/]   TRL {plan.trainer_class}(" +
+                  ", ".join(f"{k}={val!r}" for k, val in plan.trainer_args.items()) + ")")
+    console.print()
+    console.print(_processes(plan))
+    console.print()
+    console.print("[bold]files[/]     " + "  ".join(plan.files))
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+    if show_files:
+        for name, document in plan.files.items():
+            console.rule(name)
+            console.print(_file_text(name, document), markup=False)
