@@ -1,0 +1,46 @@
+"""The built-in tiny model (model.name_or_path=builtin:tiny): a random Qwen2-shaped model and a character-level
+tokenizer, made offline in about a second, saved like any hub checkpoint so every tool loads it from its directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")
+CHARACTERS = "0123456789+-=*/.,:;?! abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
+# Plain concatenation of message contents: lets chat-formatted prompts work with a model that has no chat format.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def build(out_dir: str | Path, shape: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+    """Write config, weights and tokenizer to `out_dir`; returns a summary (parameters, vocabulary size)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *CHARACTERS])}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))  # BPE without merges: one char, one id
+    core.add_special_tokens(list(SPECIAL_TOKENS))
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>",
+                                        bos_token="<bos>", unk_token="<unk>", padding_side="left")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(out)
+
+    config = Qwen2Config(
+        vocab_size=len(vocab), hidden_size=shape["hidden_size"], intermediate_size=4 * shape["hidden_size"],
+        num_hidden_layers=shape["num_layers"], num_attention_heads=shape["num_heads"],
+        num_key_value_heads=shape["num_kv_heads"], max_position_embeddings=shape["max_position_embeddings"],
+        tie_word_embeddings=True, pad_token_id=vocab["<pad>"], eos_token_id=vocab["<eos>"],
+        bos_token_id=vocab["<bos>"])
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = vocab["<pad>"]
+    model.generation_config.eos_token_id = vocab["<eos>"]
+    model.save_pretrained(out)
+    summary = {"parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(vocab)}
+    (out / "grpo_launch_tiny.json").write_text(json.dumps({**summary, "shape": shape, "seed": seed}, indent=1))
+    return summary
