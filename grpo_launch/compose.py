@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from grpo_launch import recipes, schema, trl_fields
 from grpo_launch.errors import UserError, did_you_mean
 from grpo_launch.plan import PLACEMENTS
@@ -126,7 +128,7 @@ def _hydra_compose(dirs: list[Path], overrides: list[str]) -> tuple[dict, dict[s
             raise UserError(f"missing required value '{missing[0]}'", key=missing[0],
                             hint=f"set it in the recipe or on the command line: {missing[0]}=...")
         data = OmegaConf.to_container(cfg, resolve=True)
-    except (HydraException, OmegaConfBaseException, ValueError) as e:
+    except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
         lines = [ln for ln in str(e).splitlines() if ln.strip()]
         message = lines[0] if lines else type(e).__name__
         raise UserError(f"cannot compose the recipe: {message}", key=None,

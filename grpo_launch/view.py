@@ -22,11 +22,11 @@ def _cell_style(label: str) -> str:
 
 def _grid(plan: Plan) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
-    table.add_column("")
+    table.add_column("", no_wrap=True)
     for g in range(plan.gpus_per_node):
         table.add_column("CPU " + str(g) if plan.accelerator == "cpu" else f"GPU{g}", no_wrap=True)
     for node, row in enumerate(plan.gpu_map):
-        table.add_row(f"node {node}", *(Text(label, style=_cell_style(label)) for label in row))
+        table.add_row(f"node {node}", *(Text(label.replace(" + ", "\n"), style=_cell_style(label)) for label in row))
     return table
 
 

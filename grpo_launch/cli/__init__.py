@@ -37,21 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     from grpo_launch.cli import plan, recipes  # noqa: F401  (registers the subcommands)
 
     try:
-        app(args=argv, prog_name="grpo", standalone_mode=False)
+        # standalone mode: click prints its own usage errors and exits 2; our UserError passes through it.
+        app(args=argv, prog_name="grpo", standalone_mode=True)
     except UserError as e:
         report(e)
         return EXIT_USER_ERROR
-    except typer.Exit as e:
-        return e.exit_code
-    except (typer.Abort, KeyboardInterrupt):
-        return 130
-    except Exception as e:  # click's usage errors
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            return EXIT_USER_ERROR if isinstance(e, click.UsageError) else e.exit_code
-        raise
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 0
 
 
