@@ -17,13 +17,14 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/grpo plan
+	$(BIN)/grpo run
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/plan_time.py
+	$(BIN)/python benchmarks/run_overhead.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check grpo_launch tests benchmarks

@@ -44,3 +44,31 @@ def build(out_dir: str | Path, shape: dict[str, Any], seed: int = 0) -> dict[str
     summary = {"parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(vocab)}
     (out / "grpo_launch_tiny.json").write_text(json.dumps({**summary, "shape": shape, "seed": seed}, indent=1))
     return summary
+
+
+def main() -> None:
+    import argparse
+    import os
+    import shutil
+
+    parser = argparse.ArgumentParser(description="Write the built-in tiny model and tokenizer to a directory.")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--hidden-size", type=int, required=True)
+    parser.add_argument("--num-layers", type=int, required=True)
+    parser.add_argument("--num-heads", type=int, required=True)
+    parser.add_argument("--num-kv-heads", type=int, required=True)
+    parser.add_argument("--max-position-embeddings", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    shape = {k: getattr(args, k) for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                           "max_position_embeddings")}
+    out = Path(args.out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    summary = build(tmp, shape, seed=args.seed)
+    os.rename(tmp, out)  # atomic: a half-written model directory never exists under its real name
+    print(json.dumps({"out": str(out), **summary}))
+
+
+if __name__ == "__main__":
+    main()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from grpo_launch.plan.documents import document_text
 from grpo_launch.plan.types import Plan, ProcessSpec
 
 ROLE_STYLE = {"trainer": "green", "vllm": "magenta", "replica": "magenta", "proxy": "cyan", "idle": "dim"}
@@ -46,16 +46,6 @@ def _processes(plan: Plan) -> Table:
     return table
 
 
-def _file_text(name: str, document) -> str:
-    if isinstance(document, str):
-        return document
-    if name.endswith((".yaml", ".yml")):
-        import yaml
-
-        return yaml.safe_dump(document, sort_keys=False)
-    return json.dumps(document, indent=2)
-
-
 def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None = None) -> None:
     console = console or Console(highlight=False)
     devices = "CPU process" if plan.accelerator == "cpu" else f"GPU ({plan.gpu_type} {plan.gpu_memory_gib:g}GB)"
@@ -85,4 +75,4 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
     if show_files:
         for name, document in plan.files.items():
             console.rule(name)
-            console.print(_file_text(name, document), markup=False)
+            console.print(document_text(name, document), markup=False)

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 from grpo_launch import builtins
 from grpo_launch.errors import UserError, did_you_mean
 from grpo_launch.plan import async_lora, colocate, server
-from grpo_launch.plan.common import Context, check_env, check_hosts, trainer_processes
+from grpo_launch.plan.common import (
+    Context,
+    check_env,
+    check_hosts,
+    model_path,
+    prepare_steps,
+    trainer_processes,
+)
 from grpo_launch.plan.documents import (
     ACCELERATE_FILE,
     DEEPSPEED_FILE,
@@ -22,7 +29,7 @@ from grpo_launch.plan.documents import (
 )
 from grpo_launch.plan.launch_script import launch_script
 from grpo_launch.plan.layout import Layout
-from grpo_launch.plan.trainer_args import build_trainer_args, check_grpo_batch
+from grpo_launch.plan.trainer_args import build_trainer_args, build_trainer_inputs, check_grpo_batch
 from grpo_launch.plan.types import Engine, Plan, ProcessSpec
 from grpo_launch.schema import Config
 
@@ -96,7 +103,9 @@ def build_plan(composed: Composed) -> Plan:
                                       * batch["steps_per_generation"])
 
     processes = tuple(result.services) + tuple(trainer_processes(ctx, layout, result.trainer_depends_on))
-    files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, processes, config.env.passthrough)
+    prepare = prepare_steps(config)
+    files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes,
+                                       config.env.passthrough)
     return Plan(
         recipe=composed.recipe,
         placement=config.placement.kind,
@@ -113,9 +122,12 @@ def build_plan(composed: Composed) -> Plan:
         engines=tuple(result.engines),
         processes=processes,
         gpu_map=_gpu_map(config, layout, result.engines, config.placement.kind),
+        ports=ctx.ports.claims(),
         files=files,
+        prepare=prepare,
         trainer_class=placement.CONFIG_CLASS,
         trainer_args=args,
+        trainer_inputs=build_trainer_inputs(config, model_path(config)),
         batch=batch,
         warnings=tuple(ctx.warnings + _idle_warning(layout, config)),
     )

@@ -14,6 +14,7 @@ from grpo_launch.plan.common import (
     Context,
     PlacementResult,
     base_env,
+    model_path,
     require_vllm_on_gpus,
     vllm_serve_argv,
 )
@@ -75,11 +76,11 @@ def plan(ctx: Context) -> PlacementResult:
     layout = dedicated_layout(config, engines=replicas, gpus_per_engine=v.tensor_parallel_size)
     utilization = v.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
     lora_flags = ("--enable-lora", "--max-loras", str(max_loras), "--max-lora-rank", str(rank_slot),
-                  "--served-model-name", config.model.name_or_path, "--block-size", str(v.block_size))
+                  "--served-model-name", model_path(config), "--block-size", str(v.block_size))
     engines, services = [], []
     for i, (node, gpus) in enumerate(layout.engine_gpus):
         name = f"vllm-{i}"
-        port = ctx.ports.next_free(node, v.port, f"vLLM replica {i}")
+        port = ctx.ports.next_free(node, v.port, f"vLLM replica {i}", "vllm.port")
         url = f"http://{ctx.host(node)}:{port}"
         env = base_env(config, gpus) | {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
         services.append(ProcessSpec(
@@ -99,7 +100,7 @@ def plan(ctx: Context) -> PlacementResult:
         argv += ["--replica", e.url]
     argv += ["--block-size", str(v.block_size), "--imbalance", str(p.imbalance),
              "--max-tracked-blocks", str(p.max_tracked_blocks), "--lora-load-timeout-s", str(p.lora_load_timeout_s),
-             "--tokenizer", config.model.name_or_path]
+             "--tokenizer", model_path(config)]
     secrets = []
     if p.api_key_env:
         argv += ["--api-key-env", p.api_key_env]

@@ -7,14 +7,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_launch import builtins
 from grpo_launch.errors import UserError
 from grpo_launch.plan.documents import ACCELERATE_FILE
 from grpo_launch.plan.layout import Layout
 from grpo_launch.plan.ports import PortBook
-from grpo_launch.plan.types import Engine, ProcessSpec
+from grpo_launch.plan.types import Engine, PrepareStep, ProcessSpec
 from grpo_launch.schema import Config
 
 TRAINER_MODULE = "grpo_launch.train"
+BUILTIN_MODEL_DIR = "model"  # built-in models are made inside the run directory, so a run is self-contained
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|(^|_)KEY($|_)", re.IGNORECASE)
 # Ranks allowed by vLLM's --max-lora-rank (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -52,6 +54,23 @@ class PlacementResult:
     trainer_depends_on: tuple[str, ...]  # services the trainer waits for
     vllm: dict[str, Any]                 # resolved vLLM settings for the plan view and JSON
     fsdp2: bool = False
+
+
+def model_path(config: Config) -> str:
+    """What every process loads: the built-in model's directory in the run, or the hub id / local path."""
+    return BUILTIN_MODEL_DIR if builtins.builtin_model(config.model.name_or_path) else config.model.name_or_path
+
+
+def prepare_steps(config: Config) -> tuple[PrepareStep, ...]:
+    """Work done once before any process starts: building a built-in model (it needs torch, so not in-process)."""
+    if builtins.builtin_model(config.model.name_or_path) is None:
+        return ()
+    t = config.model.tiny
+    argv = ("python", "-m", "grpo_launch.tiny_model", "--out", BUILTIN_MODEL_DIR, "--hidden-size",
+            str(t.hidden_size), "--num-layers", str(t.num_layers), "--num-heads", str(t.num_heads),
+            "--num-kv-heads", str(t.num_kv_heads), "--max-position-embeddings", str(t.max_position_embeddings),
+            "--seed", str(config.seed))
+    return (PrepareStep(name="tiny-model", argv=argv, creates=BUILTIN_MODEL_DIR),)
 
 
 def check_hosts(config: Config) -> None:
@@ -107,7 +126,7 @@ def vllm_serve_argv(config: Config, *, bind: str, port: int, gpu_memory_utilizat
                     extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     """`vllm serve` with the flags TRL 1.16's trainers need (what `trl vllm-serve` would exec)."""
     v, m = config.vllm, config.model
-    argv = ["vllm", "serve", m.name_or_path, "--host", bind, "--port", str(port),
+    argv = ["vllm", "serve", model_path(config), "--host", bind, "--port", str(port),
             "--tensor-parallel-size", str(v.tensor_parallel_size),
             "--gpu-memory-utilization", str(gpu_memory_utilization), "--dtype", m.dtype]
     if m.revision is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from grpo_launch.errors import UserError
@@ -38,8 +39,9 @@ def deepspeed_config(config: Config) -> dict[str, Any]:
         zero.update({"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
                      "stage3_param_persistence_threshold": "auto",
                      "stage3_gather_16bit_weights_on_model_save": True})
+    # No train_batch_size: DeepSpeed derives it. Under torchrun, ZeRO-3's zero.Init reads this file before the
+    # process group exists (world size 1) and would reject transformers' "auto" fill for the real world size.
     return {
-        "train_batch_size": "auto",
         "train_micro_batch_size_per_gpu": "auto",
         "gradient_accumulation_steps": "auto",
         "gradient_clipping": "auto",
@@ -88,3 +90,14 @@ def accelerate_config(config: Config, *, machines: int, processes: int, main_ip:
     else:
         doc["distributed_type"] = "MULTI_GPU" if processes > 1 else "NO"
     return doc
+
+
+def document_text(name: str, document: Any) -> str:
+    """A generated document in its file's format: text as is, YAML for .yaml, JSON otherwise."""
+    if isinstance(document, str):
+        return document
+    if name.endswith((".yaml", ".yml")):
+        import yaml
+
+        return yaml.safe_dump(document, sort_keys=False)
+    return json.dumps(document, indent=2) + "\n"

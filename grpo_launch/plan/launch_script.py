@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from grpo_launch.plan.types import ProcessSpec
+from grpo_launch.plan.types import PrepareStep, ProcessSpec
 
 _HEADER = """#!/usr/bin/env bash
 # Replays run '{recipe}' (placement {placement}) without grpo-launch. It works in its own directory, the run
@@ -41,9 +41,13 @@ def _command(p: ProcessSpec) -> str:
     return f"env {env} {shlex.join(p.argv)}" if env else shlex.join(p.argv)
 
 
-def launch_script(recipe: str, placement: str, processes: Sequence[ProcessSpec], secrets: Sequence[str]) -> str:
+def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], processes: Sequence[ProcessSpec],
+                  secrets: Sequence[str]) -> str:
     ready = {p.name: (p.ready_url, p.ready_timeout_s) for p in processes if p.ready_url}
     lines = [_HEADER.format(recipe=recipe, placement=placement, secrets=", ".join(secrets) or "none")]
+    for step in prepare:
+        lines.append(f"# {step.name}: run once, before any process")
+        lines.append(f"[ -e {shlex.quote(step.creates)} ] || {shlex.join(step.argv)}")
     trainer_nodes = sorted({p.node for p in processes if p.role == "trainer"})
     for p in processes:
         gpus = ",".join(map(str, p.gpus)) or "none"

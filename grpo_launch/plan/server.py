@@ -28,7 +28,7 @@ def plan(ctx: Context) -> PlacementResult:
                              "several replicas")
     layout = dedicated_layout(config, engines=1, gpus_per_engine=v.tensor_parallel_size)
     node, gpus = layout.engine_gpus[0]
-    port = ctx.ports.next_free(node, v.port, "the vLLM server")
+    port = ctx.ports.next_free(node, v.port, "the vLLM server", "vllm.port")
     url = f"http://{ctx.host(node)}:{port}"
     utilization = v.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
     env = base_env(config, gpus) | {"VLLM_SERVER_DEV_MODE": "1"}  # weight-transfer endpoints are dev-mode only

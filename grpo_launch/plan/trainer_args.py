@@ -6,6 +6,7 @@ in `trainer.*` (one fact, one place): the error names the key that controls each
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from grpo_launch import builtins, trl_fields
@@ -81,6 +82,14 @@ def build_trainer_args(config: Config, config_class: str, placement_args: dict[s
     if any(r.weight != 1.0 for r in config.rewards):
         args["reward_weights"] = [r.weight for r in config.rewards]
     return args
+
+
+def build_trainer_inputs(config: Config, model: str) -> dict[str, Any]:
+    """What the trainer entrypoint builds besides the TRL arguments (it reads plan.json, never the recipe)."""
+    lora = dataclasses.asdict(config.lora) if config.lora.enabled else None
+    rewards = [{"fn": r.fn, "target": builtins.reward_target(r.fn, f"rewards[{i}].fn"), "weight": r.weight}
+               for i, r in enumerate(config.rewards)]
+    return {"model": model, "data": dataclasses.asdict(config.data), "rewards": rewards, "lora": lora}
 
 
 def _smallest_multiple(start: int, step_ok) -> int:

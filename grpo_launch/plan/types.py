@@ -28,6 +28,15 @@ class ProcessSpec:
 
 
 @dataclass(frozen=True)
+class PrepareStep:
+    """A command run once, before any process, in the run directory; skipped when `creates` already exists."""
+
+    name: str
+    argv: tuple[str, ...]
+    creates: str
+
+
+@dataclass(frozen=True)
 class Engine:
     """A vLLM engine: a colocated TP group inside trainer ranks, a server, or one async replica."""
 
@@ -56,9 +65,12 @@ class Plan:
     engines: tuple[Engine, ...]
     processes: tuple[ProcessSpec, ...]
     gpu_map: tuple[tuple[str, ...], ...]       # [node][gpu] -> what runs there
+    ports: tuple[dict[str, Any], ...]          # every port the run opens: node, port, owner, recipe key
     files: dict[str, Any]                      # file name -> JSON/YAML document, or text for scripts
+    prepare: tuple[PrepareStep, ...]           # run before any process
     trainer_class: str                         # TRL config class the trainer builds
     trainer_args: dict[str, Any]
+    trainer_inputs: dict[str, Any]             # model, data, rewards, LoRA: what the trainer entrypoint builds
     batch: dict[str, Any]                      # TRL's derived batch sizes, checked at plan time
     warnings: tuple[str, ...] = field(default=())
 
@@ -68,9 +80,11 @@ class Plan:
             {**p, "gpus": list(p["gpus"]), "argv": list(p["argv"]), "pass_env": list(p["pass_env"]),
              "depends_on": list(p["depends_on"]), "ranks": list(p["ranks"]),
              "cuda_visible_devices": _cuda_visible(p)} for p in data["processes"]]
+        data["prepare"] = [{**s, "argv": list(s["argv"])} for s in data["prepare"]]
         data["engines"] = [{**e, "gpus": list(e["gpus"]), "ranks": list(e["ranks"])} for e in data["engines"]]
         data["gpu_map"] = [list(row) for row in data["gpu_map"]]
         data["hosts"] = list(data["hosts"])
+        data["ports"] = list(data["ports"])
         data["warnings"] = list(data["warnings"])
         return data
 

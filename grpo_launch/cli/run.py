@@ -1,0 +1,129 @@
+"""`grpo run`: compose, plan, write the run directory, start and supervise every process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from grpo_launch.cli import RecipesDirOption, app
+
+EXAMPLES = """
+[bold]Examples[/]
+
+  grpo run                                         train the embedded CPU recipe (tiny-cpu), ~1 minute
+  grpo run launcher=torchrun zero=2                the same under torchrun and DeepSpeed ZeRO-2
+  grpo run recipe=qwen7b-server                    vLLM server on GPUs 6-7, trainer on 0-5
+  grpo run --dry-run recipe=qwen72b-colocate       print every command and file, write nothing
+  grpo run --resume runs/tiny-cpu/20261129-171500  continue from its newest checkpoint
+  grpo run --resume runs/tiny-cpu/20261129-171500 trainer.max_steps=40 --force
+"""
+
+
+def _flatten(doc: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(doc, dict):
+        out: dict[str, object] = {}
+        for k, v in doc.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): doc}
+
+
+def config_changes(old: dict, new: dict) -> list[str]:
+    """'key: old -> new' for every key whose value differs."""
+    a, b = _flatten(old), _flatten(new)
+    return [f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)]
+
+
+def _resume_inputs(run_dir: Path, overrides: list[str], recipes_dir: list[str]) -> tuple[list[str], list[str]]:
+    import yaml
+
+    from grpo_launch.errors import UserError
+    from grpo_launch.rundir import OVERRIDES_FILE
+
+    stored_file = run_dir / OVERRIDES_FILE
+    if not stored_file.is_file():
+        raise UserError(f"{run_dir} is not a grpo-launch run directory (no {OVERRIDES_FILE})", key="--resume")
+    stored = yaml.safe_load(stored_file.read_text())
+    return (overrides or list(stored["overrides"])), (recipes_dir or list(stored["recipes_dirs"]))
+
+
+@app.command(epilog=EXAMPLES)
+def run(
+    overrides: list[str] | None = typer.Argument(  # noqa: UP007
+        None, metavar="[recipe=NAME] [KEY=VALUE]...", help="Hydra overrides, as for `grpo plan`."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print every command and file; write and start nothing."),
+    resume: Path | None = typer.Option(  # noqa: UP007
+        None, "--resume", metavar="RUN_DIR", help="Continue a run from its newest checkpoint, with the same config "
+                                                  "(its stored overrides when you give none)."),
+    force: bool = typer.Option(False, "--force", help="With --resume: accept a config that changed since the run."),
+    node_rank: int = typer.Option(0, "--node-rank", help="On a multi-node plan, start this node's processes."),
+    grace_s: float = typer.Option(15.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping."),
+    recipes_dir: list[str] | None = RecipesDirOption,  # noqa: UP007
+) -> None:
+    """Train: write the run directory, start every process of the plan in order, stop them all together."""
+    from rich.console import Console
+
+    from grpo_launch.compose import compose
+    from grpo_launch.errors import UserError
+    from grpo_launch.materialize import config_document, new_run_dir, run_files
+    from grpo_launch.plan import build_plan
+    from grpo_launch.rundir import CONFIG_FILE
+
+    overrides, dirs = list(overrides or []), list(recipes_dir or [])
+    if resume is not None:
+        overrides, dirs = _resume_inputs(resume, overrides, dirs)
+    composed = compose(overrides, dirs)
+    the_plan = build_plan(composed)
+    if not 0 <= node_rank < the_plan.nodes:
+        raise UserError(f"--node-rank {node_rank} is not a node of this plan (0..{the_plan.nodes - 1})",
+                        key="--node-rank")
+    console = Console(highlight=False)
+    if resume is not None:
+        import yaml
+
+        old = yaml.safe_load((resume / CONFIG_FILE).read_text())
+        changes = config_changes(old, config_document(composed))
+        if changes and not force:
+            raise UserError(f"the config changed since {resume} ran:\n    " + "\n    ".join(changes),
+                            key="--resume", hint="resume with the same config, or add --force to accept the change")
+    if dry_run:
+        target = resume or new_run_dir(composed)
+        console.print(f"[bold]would write[/] {target}/ (dry run: nothing is written or started)")
+        from grpo_launch.view import command_line
+
+        for step in the_plan.prepare:
+            console.print(f"[bold]prepare[/] {step.name}: {' '.join(step.argv)}", markup=True)
+        for p in the_plan.processes:
+            console.print(f"[bold]start[/] {p.name} (node {p.node}): {command_line(p)}", soft_wrap=True)
+        for name, text in run_files(composed, the_plan, dirs).items():
+            console.rule(name)
+            console.print(text, markup=False, soft_wrap=True)
+        return
+    if the_plan.nodes > 1 and composed.config.run.dir is None and resume is None:
+        console.print("[yellow]multi-node plan: start `grpo run` on every node with --node-rank K and the same "
+                      "run.dir on shared storage[/]")
+    _launch(composed, the_plan, dirs, resume, node_rank, grace_s, console)
+
+
+def _launch(composed, the_plan, dirs, resume, node_rank, grace_s, console) -> None:
+    from grpo_launch import report
+    from grpo_launch.materialize import materialize
+    from grpo_launch.supervisor import check_ports_free, supervise
+
+    plan_json = the_plan.to_json()
+    check_ports_free(plan_json, node_rank)
+    run_dir = materialize(composed, the_plan, dirs, run_dir=resume).resolve()
+    console.print(f"[bold]run directory[/] {run_dir}")
+    code = supervise(plan_json, run_dir, node=node_rank, grace_s=grace_s, console=console)
+    records = report.read_metrics(run_dir)
+    if records:
+        curve = report.plot(run_dir, records, f"{composed.recipe} ({run_dir.name})")
+        numbers = report.summary(records)
+        console.print(f"[bold]metrics[/] {numbers}")
+        if curve is not None:
+            console.print(f"[bold]reward curve[/] {curve}")
+    console.print(f"[bold]{'done' if code == 0 else 'failed'}[/] run directory: {run_dir}")
+    if code:
+        raise typer.Exit(code)

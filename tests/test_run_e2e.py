@@ -1,0 +1,136 @@
+"""`grpo run` end to end on CPU: real TRL GRPOTrainer runs on the tiny model, in real processes."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import grpo
+
+from grpo_launch import report
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+# DeepSpeed compiles ops on first use; keep them where every test (and CI's later steps) finds them.
+ENV = {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions")),
+       "COLUMNS": "200"}
+
+
+def grpo_run(tmp_path, *overrides, env=None):
+    result = grpo("run", f"run.root={tmp_path / 'runs'}", *overrides, env={**ENV, **(env or {})}, cwd=tmp_path)
+    match = re.search(r"run directory: (\S+)", result.stdout)
+    return result, Path(match.group(1)) if match else None
+
+
+def ranks_started(run_dir: Path) -> set[str]:
+    return set(re.findall(r"\[grpo-launch\] rank (\d+) of (\d+)", (run_dir / "logs" / "trainer.log").read_text()))
+
+
+def rewards(run_dir: Path) -> tuple[float, float]:
+    return report.quarters([r["reward"] for r in report.read_metrics(run_dir)])
+
+
+CASES = {
+    # name: (overrides, ranks, least reward rise from the first to the last quarter of steps)
+    "accelerate-2proc": ([], 2, 0.3),
+    "torchrun-2proc": (["launcher=torchrun"], 2, 0.3),
+    # one process gets the two-process global batch, so it learns alike
+    "accelerate-1proc": (["cluster.gpus_per_node=1", "trainer.per_device_train_batch_size=32"], 1, 0.3),
+    "torchrun-1proc": (["launcher=torchrun", "cluster.gpus_per_node=1", "trainer.per_device_train_batch_size=32"],
+                       1, 0.3),
+    "zero2": (["zero=2"], 2, 0.3),
+    "zero3": (["zero=3"], 2, 0.3),
+    "zero3-offload": (["zero=3-offload"], 2, 0.3),
+    # DeepSpeed alone in one process looks for mpi4py unless a launcher sets the rank environment; ours do.
+    "zero2-1proc": (["zero=2", "cluster.gpus_per_node=1", "trainer.per_device_train_batch_size=32"], 1, 0.3),
+    # LoRA leaves the output head and embeddings frozen: on the tiny model it learns slowly, but it learns.
+    "lora": (["lora.enabled=true", "lora.r=8", "trainer.learning_rate=0.05", "trainer.max_steps=30"], 2, 0.01),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tiny_cpu_trains(tmp_path, case):
+    overrides, ranks, rise = CASES[case]
+    result, run_dir = grpo_run(tmp_path, *overrides)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # accelerate's --cpu flag would silently start one process: every rank must really run.
+    assert ranks_started(run_dir) == {(str(r), str(ranks)) for r in range(ranks)}
+    first, last = rewards(run_dir)
+    assert last - first > rise, (first, last)
+    steps = json.loads((run_dir / "plan.json").read_text())["trainer_args"]["max_steps"]
+    assert report.read_metrics(run_dir)[-1]["step"] == steps
+
+
+def test_run_directory_is_complete_and_launch_sh_replays(tmp_path):
+    result, run_dir = grpo_run(tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    for name in ("config.yaml", "overrides.yaml", "plan.json", "accelerate.yaml", "launch.sh", "metrics.jsonl",
+                 "reward_curve.png", "logs/trainer.log", "logs/tiny-model.log", "model/config.json",
+                 "model/tokenizer.json", "checkpoints/final"):
+        assert (run_dir / name).exists(), name
+    assert os.access(run_dir / "launch.sh", os.X_OK)
+    assert (run_dir / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Replay by hand in a copy holding only what a user would hand over: no model, no logs, no results.
+    replay = tmp_path / "replay"
+    shutil.copytree(run_dir, replay, ignore=shutil.ignore_patterns("model", "logs", "checkpoints", "metrics.jsonl",
+                                                                    "*.png"))
+    env = {**os.environ, **ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(replay / "launch.sh")], env=env, capture_output=True, text=True, timeout=600,
+                          cwd="/")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (replay / "model" / "config.json").exists()  # launch.sh built the model itself
+    assert report.read_metrics(replay)[-1]["step"] == 20
+    assert "training finished at step 20" in (replay / "logs" / "trainer.log").read_text()
+
+
+def test_resume_after_interruption(tmp_path):
+    args = ["trainer.max_steps=40", "trainer.save_strategy=steps", "trainer.save_steps=5"]
+    cmd = [sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
+           f"run.root={tmp_path / 'runs'}", *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    checkpoints = []
+    while time.time() < deadline and not checkpoints:
+        checkpoints = list((tmp_path / "runs").glob("tiny-cpu/*/checkpoints/checkpoint-10"))
+        time.sleep(0.2)
+    assert checkpoints, "no checkpoint appeared"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    run_dir = checkpoints[0].parents[1]
+    assert "checkpoint-40" not in os.listdir(run_dir / "checkpoints")
+
+    # A changed config is refused (showing the change) unless --force.
+    changed = grpo("run", "--resume", str(run_dir), f"run.root={tmp_path / 'runs'}", *args, "trainer.max_steps=50",
+                   env=ENV, cwd=tmp_path)
+    assert changed.returncode == 2 and "trainer.max_steps: 40 -> 50" in changed.stderr
+
+    resumed = grpo("run", "--resume", str(run_dir), env=ENV, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    log = (run_dir / "logs" / "trainer.log").read_text()
+    assert re.search(r"resuming from \S+/checkpoint-(10|15|20|25|30|35)", log)
+    assert report.read_metrics(run_dir)[-1]["step"] == 40
+    first, last = rewards(run_dir)
+    assert last > first
+
+
+def test_dry_run_writes_nothing(tmp_path):
+    result = grpo("run", "--dry-run", f"run.root={tmp_path / 'runs'}", "zero=3", env=ENV, cwd=tmp_path)
+    assert result.returncode == 0
+    assert "would write" in result.stdout and "accelerate launch --config_file accelerate.yaml" in result.stdout
+    for name in ("config.yaml", "plan.json", "deepspeed.json", "accelerate.yaml", "launch.sh"):
+        assert f" {name} " in result.stdout or name in result.stdout
+    assert not (tmp_path / "runs").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_bad_input_starts_nothing(tmp_path):
+    result = grpo("run", f"run.root={tmp_path / 'runs'}", "trainer.learnig_rate=1", env=ENV, cwd=tmp_path)
+    assert result.returncode == 2 and "did you mean 'trainer.learning_rate'?" in result.stderr
+    assert not (tmp_path / "runs").exists()
