@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -86,18 +88,34 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lora_server(model_dir, tmp_path_factory) -> Iterator[str]:
-    with _serving(model_dir, tmp_path_factory.mktemp("logs") / "lora-server.log", LORA_FLAGS, LORA_ENV) as url:
+def lora_log(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("logs") / "lora-server.log"
+
+
+@pytest.fixture(scope="module")
+def lora_server(model_dir, lora_log) -> Iterator[str]:
+    with _serving(model_dir, lora_log, LORA_FLAGS, LORA_ENV) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
-def trl_client(lora_server):
+def trainer(tmp_path_factory) -> SimpleNamespace:
+    """What AsyncGRPOTrainer holds for adapter sync: its config and accelerator, built in that order (building a
+    config resets accelerate's state). TRL's client logs through accelerate, so this also makes it usable."""
+    from accelerate import Accelerator
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    args = AsyncGRPOConfig(output_dir=str(tmp_path_factory.mktemp("run")), max_staleness=0, bf16=False,
+                           use_cpu=True, report_to="none")
+    return SimpleNamespace(args=args, accelerator=Accelerator(cpu=True),
+                           lora_dir=Path(args.output_dir) / ".vllm_lora")
+
+
+@pytest.fixture(scope="module")
+def trl_client(lora_server, trainer):
     """TRL's own client for the async trainer's control calls."""
-    from accelerate import PartialState
     from trl.experimental.async_grpo.vllm_client import VLLMClient
 
-    PartialState()  # TRL logs through accelerate, which needs a state (the trainer always has one)
     return VLLMClient(lora_server, server_timeout=30)
 
 
@@ -253,3 +271,120 @@ def test_pause_keep_queues_and_abort_rejects(lora_server, trl_client):
     assert requests.post(f"{lora_server}/pause", params={"mode": "later"}, timeout=30).status_code == 400
     client.resume()
     assert post().status_code == 200
+
+
+def _policy(model_dir: Path, seed: int):
+    """A LoRA policy on the attention projections with random, non-zero B matrices, so it changes the output."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False,
+                        task_type="CAUSAL_LM")
+    return get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), config).eval()
+
+
+def _models(url: str) -> dict[str, dict]:
+    return {card["id"]: card for card in requests.get(f"{url}/v1/models", timeout=10).json()["data"]}
+
+
+def _served_logprobs(url: str, model: str, seed: int) -> tuple[list[int], list[float]]:
+    (choice,) = _complete(url, model=model, prompt=PROMPT, max_tokens=8, logprobs=0, seed=seed,
+                          return_token_ids=True)["choices"]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+def test_versioned_adapter_sync_as_the_trainer_does_it(lora_server, trl_client, trainer, model_dir, reference):
+    from trl.experimental.async_grpo.async_grpo_trainer import save_lora_adapter, select_adapter_sync
+
+    assert select_adapter_sync(trl_client.get_server_info(), _policy(model_dir, 0), trainer.args) is True
+    staleness = trainer.args.max_staleness
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for version in (1, 2, 3):
+            policy, name = _policy(model_dir, version), f"trl-policy-v{version}"
+            adapter_dir = trainer.lora_dir / name
+            # AsyncGRPOTrainer._sync_weight_lora, step by step, with a request arriving while paused.
+            trl_client.pause()
+            queued = pool.submit(_complete, lora_server, prompt=PROMPT, max_tokens=4)
+            save_lora_adapter(policy, trainer.accelerator, "default", str(adapter_dir))  # tmp dir, then rename
+            trl_client.load_lora_adapter(name, str(adapter_dir))
+            trl_client.resume()
+            if version - (staleness + 1) > 0:
+                trl_client.unload_lora_adapter(f"trl-policy-v{version - (staleness + 1)}")
+            if version - (staleness + 1) > 1:
+                shutil.rmtree(trainer.lora_dir / f"trl-policy-v{version - (staleness + 1) - 1}")
+            assert queued.result(timeout=60)["choices"][0]["finish_reason"] in ("stop", "length")
+
+            cards = _models(lora_server)
+            assert set(cards) == {SERVED, name}
+            assert (cards[name]["root"], cards[name]["parent"]) == (str(adapter_dir), SERVED)
+            ids, logprobs = _served_logprobs(lora_server, name, seed=version)
+            assert logprobs == pytest.approx(_sampled_logprobs(policy, PROMPT, ids), abs=1e-4)
+            base = _sampled_logprobs(reference, PROMPT, ids)
+            assert max(abs(a - b) for a, b in zip(logprobs, base, strict=True)) > 1e-2  # the adapter is applied
+    assert sorted(os.listdir(trainer.lora_dir)) == ["trl-policy-v2", "trl-policy-v3"]
+
+    with pytest.raises(Exception, match="has already been loaded"):
+        trl_client.load_lora_adapter("trl-policy-v3", str(trainer.lora_dir / "trl-policy-v3"))
+    missing = requests.post(f"{lora_server}/v1/load_lora_adapter", timeout=30,
+                            json={"lora_name": "trl-policy-v4", "lora_path": str(trainer.lora_dir / "trl-policy-v4")})
+    assert missing.status_code == 404 and "No adapter found for" in missing.json()["error"]["message"]
+    unknown = requests.post(f"{lora_server}/v1/unload_lora_adapter", json={"lora_name": "trl-policy-v1"}, timeout=30)
+    assert unknown.status_code == 404
+    trl_client.unload_lora_adapter("trl-policy-v3")
+    assert set(_models(lora_server)) == {SERVED}
+
+
+def test_adapters_past_capacity_are_evicted_and_reloaded(lora_server, lora_log, model_dir, tmp_path):
+    policies = {name: _policy(model_dir, seed) for seed, name in enumerate(("a", "b", "c"), start=11)}
+    for name, policy in policies.items():
+        policy.save_pretrained(tmp_path / name)
+        load = requests.post(f"{lora_server}/v1/load_lora_adapter", timeout=30,
+                             json={"lora_name": name, "lora_path": str(tmp_path / name)})
+        assert load.status_code == 200 and load.text == f"Success: LoRA adapter '{name}' added successfully."
+    assert set(_models(lora_server)) == {SERVED, "a", "b", "c"}  # --max-loras 2 bounds what is loaded, not named
+    assert "evicting LoRA slot" in lora_log.read_text()
+    for name, policy in policies.items():  # "a" was evicted by "c" and comes back from its path
+        ids, logprobs = _served_logprobs(lora_server, name, seed=3)
+        assert logprobs == pytest.approx(_sampled_logprobs(policy, PROMPT, ids), abs=1e-4)
+    replaced = requests.post(f"{lora_server}/v1/load_lora_adapter", timeout=30,
+                             json={"lora_name": "a", "lora_path": str(tmp_path / "b"), "load_inplace": True})
+    assert replaced.status_code == 200, replaced.text
+    ids, logprobs = _served_logprobs(lora_server, "a", seed=3)
+    assert logprobs == pytest.approx(_sampled_logprobs(policies["b"], PROMPT, ids), abs=1e-4)
+    for name in policies:
+        assert requests.post(f"{lora_server}/v1/unload_lora_adapter", json={"lora_name": name},
+                             timeout=30).text == f"Success: LoRA adapter '{name}' removed successfully."
+
+
+def test_without_lora_trl_falls_back_and_adapter_routes_are_absent(model_dir, tmp_path, trainer):
+    from trl.experimental.async_grpo.async_grpo_trainer import select_adapter_sync
+    from trl.experimental.async_grpo.vllm_client import VLLMClient
+
+    flags = ("--served-model-name", SERVED, "--max-model-len", str(MAX_MODEL_LEN))
+    with _serving(model_dir, tmp_path / "plain.log", flags, {"VLLM_SERVER_DEV_MODE": "1"}) as url:
+        client = VLLMClient(url)
+        info = client.get_server_info()
+        assert info["lora_config"] is None
+        assert select_adapter_sync(info, _policy(model_dir, 0), trainer.args) is False  # merged-weight sync
+        with pytest.raises(RuntimeError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"):
+            client.load_lora_adapter("trl-policy-v1", str(tmp_path))
+        assert _complete(url, prompt=PROMPT, max_tokens=2)["choices"][0]["text"] is not None
+
+
+def test_dev_routes_need_dev_mode(model_dir):
+    from grpo_launch.cpu_server.app import build_app
+    from grpo_launch.cpu_server.engine import Engine
+    from grpo_launch.cpu_server.settings import parse_settings
+
+    def paths(environ: dict[str, str]) -> set[str]:
+        settings = parse_settings([str(model_dir), "--enable-lora"], environ)
+        return {route.resource.canonical for route in build_app(settings, Engine(settings)).router.routes()}
+
+    always = {"/health", "/v1/models", "/v1/completions"}
+    dev = {"/pause", "/resume", "/is_paused", "/server_info", "/get_world_size"}
+    lora = {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
+    assert paths({}) == always
+    assert paths({"VLLM_SERVER_DEV_MODE": "1"}) == always | dev
+    assert paths({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}) == always | lora

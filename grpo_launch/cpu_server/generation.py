@@ -61,7 +61,9 @@ def generate(forward: Forward, prompts: list[list[int]], seeds: list[int], param
     outputs = [SequenceOutput() for _ in prompts]
     stop_ids = frozenset(params.stop_token_ids)
     end_ids = stop_ids if params.ignore_eos else stop_ids | eos_ids
-    with torch.inference_mode():
+    # no_grad, not inference_mode: an adapter (re)loaded inside a forward must not become an inference tensor, which
+    # peft could no longer touch when it loads or deletes another adapter.
+    with torch.no_grad():
         logits, cache = forward(ids, mask, positions, None)
         seen = torch.zeros(logits.shape, dtype=torch.bool)
         for row, prompt in enumerate(prompts):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,7 @@ class AdapterRejected(Exception):
 class LoraAdapters:
     """Registered adapter names and the adapters resident in the model.
 
-    `model` starts as the plain transformers model and becomes a peft model at the first load; `lock` is the model
+    `model` is a peft model while an adapter is resident and the plain transformers model otherwise; `lock` is the model
     lock the decode loop holds around each forward, so weights never change under a running step.
     """
 
@@ -122,6 +123,14 @@ class LoraAdapters:
         logger.info("loaded LoRA adapter %s from %s into slot %s", adapter.name, adapter.path, adapter.slot)
 
     def _evict(self, slot: str) -> None:
-        if slot in self._resident:
-            del self._resident[slot]
+        if slot not in self._resident:
+            return
+        del self._resident[slot]
+        with warnings.catch_warnings():
+            # peft warns when the adapter it last activated goes; requests here name theirs on every forward.
+            warnings.filterwarnings("ignore", message="Adapter .* was active which is now deleted")
             self.model.delete_adapter(slot)
+        if not self._resident:
+            # A peft model without adapters cannot even run a base forward (it looks up its deleted active adapter):
+            # back to the plain model until the next load.
+            self.model = self.model.unload()
