@@ -201,6 +201,8 @@ def test_completions_with_token_id_prompts(lora_server, reference):
     (choice,) = single["choices"]
     assert choice["token_ids"] is None and choice["text"] is not None
     assert all(t.startswith("token_id:") for t in choice["logprobs"]["tokens"])
+    text = _complete(lora_server, prompt=["3+4="], max_tokens=2, return_token_ids=True)
+    assert text["choices"][0]["prompt_token_ids"] == PROMPT
 
 
 def test_logprobs_are_those_of_the_processed_distribution(lora_server, reference):
@@ -388,3 +390,68 @@ def test_dev_routes_need_dev_mode(model_dir):
     assert paths({}) == always
     assert paths({"VLLM_SERVER_DEV_MODE": "1"}) == always | dev
     assert paths({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}) == always | lora
+
+
+# The tiny model's chat template (message contents concatenated) is no family TRL's add_response_schema knows, and the
+# rollout worker refuses a tokenizer it cannot parse responses with: read every completion as plain assistant text.
+PLAIN_RESPONSE_TEMPLATE = {"defaults": {"role": "assistant"},
+                           "fields": {"content": {"close_pattern": r"<eos>\s*|$", "content": "text"}}}
+
+
+def test_trl_rollout_worker_gets_rollouts_from_versioned_adapters(lora_server, trl_client, trainer, model_dir,
+                                                                  monkeypatch):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl.experimental.async_grpo import async_rollout_worker
+    from trl.experimental.async_grpo.async_grpo_trainer import save_lora_adapter
+
+    from grpo_launch.rewards import sevens
+
+    # The worker's only use of vLLM is its HTTP API; it asks that the vllm package be installed all the same.
+    monkeypatch.setattr(async_rollout_worker, "is_vllm_available", lambda: True)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.response_template = PLAIN_RESPONSE_TEMPLATE
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{a}+{b}="}]} for a, b in ((3, 4), (1, 5))])
+    policies = {}
+
+    def sync(version: int) -> None:
+        """The trainer's adapter sync (the cold one at train begin, then one per step), then the version bump."""
+        policies[version] = _policy(model_dir, 100 + version)
+        name = f"trl-policy-v{version}"
+        trl_client.pause()
+        save_lora_adapter(policies[version], trainer.accelerator, "default", str(trainer.lora_dir / name))
+        trl_client.load_lora_adapter(name, str(trainer.lora_dir / name))
+        trl_client.resume()
+        worker.update_model_version(version)
+
+    worker = async_rollout_worker.AsyncRolloutWorker(
+        model_name=SERVED, lora_name="trl-policy", dataset=dataset, reward_funcs=[sevens],
+        processing_class=tokenizer, eos_token_ids=[tokenizer.eos_token_id], num_generations=2, max_inflight_tasks=2,
+        queue_maxsize=8, vllm_server_url=lora_server, max_tokens=6, temperature=1.0, request_timeout=60,
+        child_ready_timeout=120)
+    sync(1)
+    worker.start()
+    try:
+        samples = [worker.rollout_buffer.get(timeout=90) for _ in range(4)]
+        sync(2)
+        for _ in range(32):  # groups generated before the bump are still queued ahead of the first v2 group
+            samples.append(worker.rollout_buffer.get(timeout=90))
+            if samples[-1].model_version == 2:
+                break
+        worker.check_health(stale_after_s=60)
+    finally:
+        worker.stop()
+        for version in policies:
+            trl_client.unload_lora_adapter(f"trl-policy-v{version}")
+
+    assert {s.model_version for s in samples} == {1, 2}
+    for sample in samples:
+        mask = sample.completion_mask.astype(bool)
+        prompt_len = int(mask.argmax())
+        ids = sample.input_ids.tolist()
+        assert tokenizer.decode(ids[:prompt_len]) in ("3+4=", "1+5=") and mask[prompt_len:].all()
+        # The logprobs the trainer would use as the old policy's are those of the adapter version it names.
+        expected = _sampled_logprobs(policies[sample.model_version], ids[:prompt_len], ids[prompt_len:])
+        assert sample.old_log_probs[mask].tolist() == pytest.approx(expected, abs=1e-4)
+        assert sample.metrics["rewards/sevens"] == sevens([tokenizer.decode(ids[prompt_len:],
+                                                                            skip_special_tokens=True)])[0]
