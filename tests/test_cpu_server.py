@@ -360,36 +360,27 @@ def test_adapters_past_capacity_are_evicted_and_reloaded(lora_server, lora_log, 
                              timeout=30).text == f"Success: LoRA adapter '{name}' removed successfully."
 
 
-def test_without_lora_trl_falls_back_and_adapter_routes_are_absent(model_dir, tmp_path, trainer):
+def test_routes_and_lora_config_follow_flags_and_environment(model_dir, trainer):
     from trl.experimental.async_grpo.async_grpo_trainer import select_adapter_sync
-    from trl.experimental.async_grpo.vllm_client import VLLMClient
 
-    flags = ("--served-model-name", SERVED, "--max-model-len", str(MAX_MODEL_LEN))
-    with _serving(model_dir, tmp_path / "plain.log", flags, {"VLLM_SERVER_DEV_MODE": "1"}) as url:
-        client = VLLMClient(url)
-        info = client.get_server_info()
-        assert info["lora_config"] is None
-        assert select_adapter_sync(info, _policy(model_dir, 0), trainer.args) is False  # merged-weight sync
-        with pytest.raises(RuntimeError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"):
-            client.load_lora_adapter("trl-policy-v1", str(tmp_path))
-        assert _complete(url, prompt=PROMPT, max_tokens=2)["choices"][0]["text"] is not None
-
-
-def test_dev_routes_need_dev_mode(model_dir):
     from grpo_launch.cpu_server.app import build_app
     from grpo_launch.cpu_server.engine import Engine
+    from grpo_launch.cpu_server.server_info import server_info
     from grpo_launch.cpu_server.settings import parse_settings
 
-    def paths(environ: dict[str, str]) -> set[str]:
-        settings = parse_settings([str(model_dir), "--enable-lora"], environ)
-        return {route.resource.canonical for route in build_app(settings, Engine(settings)).router.routes()}
+    def served(flags: list[str], environ: dict[str, str]) -> tuple[set[str], dict]:
+        settings = parse_settings([str(model_dir), *flags], environ)
+        app = build_app(settings, Engine(settings))
+        return {route.resource.canonical for route in app.router.routes()}, server_info(settings, "json")["vllm_config"]
 
     always = {"/health", "/v1/models", "/v1/completions"}
     dev = {"/pause", "/resume", "/is_paused", "/server_info", "/get_world_size"}
     lora = {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
-    assert paths({}) == always
-    assert paths({"VLLM_SERVER_DEV_MODE": "1"}) == always | dev
-    assert paths({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}) == always | lora
+    paths, config = served([], {})
+    assert paths == always and config["lora_config"] is None
+    assert select_adapter_sync(config, _policy(model_dir, 0), trainer.args) is False  # TRL syncs merged weights
+    assert served(["--enable-lora"], {"VLLM_SERVER_DEV_MODE": "1"})[0] == always | dev
+    assert served(["--enable-lora"], {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"})[0] == always | lora
 
 
 # The tiny model's chat template (message contents concatenated) is no family TRL's add_response_schema knows, and the
@@ -430,8 +421,8 @@ def test_trl_rollout_worker_gets_rollouts_from_versioned_adapters(lora_server, t
         queue_maxsize=8, vllm_server_url=lora_server, max_tokens=6, temperature=1.0, request_timeout=60,
         child_ready_timeout=120)
     sync(1)
-    worker.start()
     try:
+        worker.start()
         samples = [worker.rollout_buffer.get(timeout=90) for _ in range(4)]
         sync(2)
         for _ in range(32):  # groups generated before the bump are still queued ahead of the first v2 group

@@ -48,16 +48,17 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def _model_card(name: str, root: str, parent: str | None, max_model_len: int | None) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "grpo-launch-cpu-server",
+            "root": root, "parent": parent, "max_model_len": max_model_len, "permission": []}
+
+
 class CpuServer:
     def __init__(self, settings: ServerSettings, engine: Engine) -> None:
         self.settings = settings
         self.engine = engine
         self.scheduler = Scheduler(engine)
         self._adapter_admin = asyncio.Lock()  # loads and unloads one at a time, so name checks hold
-
-    def _card(self, name: str, root: str, parent: str | None, max_model_len: int | None) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "grpo-launch-cpu-server",
-                "root": root, "parent": parent, "max_model_len": max_model_len, "permission": []}
 
     def _resolve_model(self, model: str | None) -> tuple[str, Adapter | None]:
         """The requested model name -> (name to answer with, adapter or None for the base model)."""
@@ -78,9 +79,9 @@ class CpuServer:
 
     async def models(self, _: web.Request) -> web.Response:
         s = self.settings
-        cards = [self._card(name, s.model, None, s.max_model_len) for name in s.served_model_names]
+        cards = [_model_card(name, s.model, None, s.max_model_len) for name in s.served_model_names]
         if self.engine.lora:
-            cards += [self._card(a.name, a.path, s.served_model_name, None) for a in self.engine.lora.registered()]
+            cards += [_model_card(a.name, a.path, s.served_model_name, None) for a in self.engine.lora.registered()]
         return web.json_response({"object": "list", "data": cards})
 
     async def completions(self, request: web.Request) -> web.Response:
@@ -89,8 +90,8 @@ class CpuServer:
         try:
             outputs = await self.scheduler.run(completion.job(adapter))
         except ApiError:
-            raise
-        except Exception as error:
+            raise  # 503 while paused
+        except Exception as error:  # e.g. an evicted adapter whose directory is gone by the time it is reloaded
             logger.exception("generation failed")
             raise ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(error).__name__}: {error}") from error
         return web.json_response(completion_response(completion, model_name, outputs, self.engine))

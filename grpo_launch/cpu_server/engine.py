@@ -61,9 +61,12 @@ class Engine:
     def generate(self, job: GenerationJob, checkpoint: Checkpoint) -> list[list[SequenceOutput]]:
         """`n` outputs per prompt. Sample j of a seeded request uses seed + j, so the n samples differ and the same
         request with the same seed gives the same outputs. Blocking: runs in the generation thread."""
-        seeds = [job.seed + j if job.seed is not None else self._seeds.getrandbits(63) for j in range(job.n)]
         rows = [prompt for prompt in job.prompts for _ in range(job.n)]
-        outputs = generate(self._forward(job.adapter), rows, seeds * len(job.prompts), job.params,
+        if job.seed is None:
+            seeds = [self._seeds.getrandbits(63) for _ in rows]
+        else:
+            seeds = [job.seed + j for _ in job.prompts for j in range(job.n)]
+        outputs = generate(self._forward(job.adapter), rows, seeds, job.params,
                            eos_ids=self.eos_ids, pad_id=self.pad_id, processed_logprobs=self._processed_logprobs,
                            checkpoint=checkpoint)
         return [outputs[i * job.n:(i + 1) * job.n] for i in range(len(job.prompts))]
