@@ -1,13 +1,11 @@
 """The model-state numbers agree with DeepSpeed's own estimators (pure arithmetic in deepspeed/runtime/zero)."""
 
-from dataclasses import replace
-
 import pytest
+from conftest import replanned
 
 from grpo_launch.compose import compose
 from grpo_launch.memory import catalog
 from grpo_launch.memory.report import GIB
-from grpo_launch.plan import build_plan
 
 deepspeed = pytest.importorskip("deepspeed")
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs, model_to_params  # noqa: E402
@@ -29,12 +27,7 @@ def base():
 
 
 def _plan(base, model, zero, nodes):
-    stage, offload_optimizer, offload_param = ZERO[zero]
-    c = base.config
-    zero_config = replace(c.zero, stage=stage, offload_optimizer=offload_optimizer, offload_param=offload_param)
-    config = replace(c, model=replace(c.model, name_or_path=model, dtype="float32"),
-                     cluster=replace(c.cluster, nodes=nodes), zero=zero_config)
-    return build_plan(replace(base, config=config))
+    return replanned(base, model=model, dtype="float32", nodes=nodes, zero=ZERO[zero])[1]
 
 
 def _ours(plan):

@@ -23,6 +23,7 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}  # auto: th
 # Per process on a GPU: the CUDA context (~0.5 GiB on Hopper), cuBLAS workspaces, NCCL communicator buffers and
 # allocator fragmentation. An assumption until measured on the GPU machine (docs/memory.md).
 PROCESS_OVERHEAD_GIB = 1.5
+_OVERHEAD = Component("CUDA/NCCL overhead", PROCESS_OVERHEAD_GIB, "fixed per process")
 # Host memory of one process (Python, torch, CUDA libraries, data loading). CPU runs measured 0.5 GiB peak RSS per
 # process (shared/reference/cpu-feasibility.md); CUDA processes map the CUDA libraries too (assumption).
 HOST_PROCESS_GIB = {"cuda": 3.0, "cpu": 1.0}
@@ -217,7 +218,7 @@ def _buffers(t: _Trainer) -> list[_Held]:
                                     f"beta > 0: {t.weight_bytes} B x {_billions(t.params)}"
                                     + (f" / {t.ranks} ranks" if sharded else "")), on_host=t.offload_param))
     if t.cuda:
-        held.append(_Held(Component("CUDA, NCCL, allocator", PROCESS_OVERHEAD_GIB, "fixed per process")))
+        held.append(_Held(_OVERHEAD))
     return held
 
 
@@ -298,7 +299,7 @@ def _gpu_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer,
         asleep = plan.vllm.get("sleep_level", 0) > 0  # colocated: one process, vLLM asleep or not while training
         phases["trainer + vLLM"] = (Phase("training", training + (() if asleep else vllm.components)),
                                     Phase("generation", resident + vllm.components))
-        alone = vllm.components + (Component("CUDA, NCCL, allocator", PROCESS_OVERHEAD_GIB, "fixed per process"),)
+        alone = vllm.components + (_OVERHEAD,)
         phases["vLLM"] = (Phase("training", alone), Phase("generation", alone))
     return tuple(Budget(role=role, members=tuple(where), capacity_gib=config.cluster.gpu_memory_gib,
                         phases=phases[role], kv_cache=vllm.kv_cache if "vLLM" in role else None,
@@ -309,7 +310,7 @@ def _gpu_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer,
 def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer,
                   vllm: _VllmShare | None) -> tuple[Budget, ...]:
     per_process = HOST_PROCESS_GIB[config.cluster.accelerator]
-    groups: dict[tuple[Phase, ...], list[tuple[int]]] = {}
+    groups: dict[tuple[str, tuple[Phase, ...]], list[tuple[int]]] = {}
     for node in range(plan.nodes):
         ranks = sum(len(p.ranks) for p in plan.processes if p.role == "trainer" and p.node == node)
         vllm_gpus = sum(len(e.gpus) for e in plan.engines if e.node == node)
@@ -331,9 +332,10 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
         load = Component("model loading", _gib(ranks * t.dtype_bytes * built),
                          f"{ranks} ranks x {t.dtype_bytes} B x {what} {_billions(built)}")
         phases = (Phase("load", (base, load) if ranks else (base,)), Phase("training", (base, *train)))
-        groups.setdefault(phases, []).append((node,))
-    return tuple(Budget(role="node", members=tuple(nodes), capacity_gib=config.cluster.host_memory_gib,
-                        phases=phases) for phases, nodes in groups.items())
+        role = "trainer + vLLM" if ranks and vllm_gpus else "trainer" if ranks else "vLLM"
+        groups.setdefault((role, phases), []).append((node,))
+    return tuple(Budget(role=role, members=tuple(nodes), capacity_gib=config.cluster.host_memory_gib,
+                        phases=phases) for (role, phases), nodes in groups.items())
 
 
 def estimate(config: Config, plan: Plan) -> MemoryEstimate:
