@@ -63,8 +63,16 @@ def test_the_plan_itself_is_a_suggestion_when_it_ranks():
     assert advice.suggestions[0].overrides == ()
 
 
-def test_cpu_recipe_gets_no_suggestions():
-    assert _advice()[1].suggestions == ()
+def test_only_the_choices_the_suggestions_change_are_named():
+    _, advice = _advice("recipe=qwen72b-colocate", "zero=2", "vllm.sleep_level=2")
+    assert "zero=2" in advice.freed
+    sleep_levels = {s.knobs.sleep_level for s in advice.suggestions}
+    assert ("vllm.sleep_level=2" in advice.freed) == (sleep_levels != {2})
+
+
+def test_cpu_recipe_gets_no_suggestions_and_says_why():
+    advice = _advice()[1]
+    assert advice.suggestions == () and "cpu" in advice.skipped
 
 
 def test_search_is_well_under_a_second():

@@ -128,7 +128,8 @@ class Suggestion:
 @dataclass(frozen=True)
 class Advice:
     suggestions: tuple[Suggestion, ...]
-    freed: tuple[str, ...]          # command-line keys the advisor had to override to find a layout that fits
+    freed: tuple[str, ...] = ()     # command-line choices the suggestions change: nothing fits with them
+    skipped: str = ""               # why there was nothing to search
 
 
 def _pinned(overrides: tuple[str, ...]) -> set[str]:
@@ -231,14 +232,21 @@ def _search(composed: Composed, plan: Plan, pinned: set[str], limit: int) -> lis
 
 def advise(composed: Composed, plan: Plan, limit: int = 3) -> Advice:
     """The best `limit` layouts that fit, keeping the command line's choices if any layout allows it."""
-    if plan.memory is None or not plan.memory.estimated or plan.accelerator == "cpu":
-        return Advice((), ())
+    if plan.accelerator == "cpu":
+        return Advice((), skipped="the advisor searches GPU layouts; cluster.accelerator=cpu has none")
+    if plan.memory is None or not plan.memory.estimated:
+        return Advice((), skipped="the model's size is unknown (see the memory note)")
     pinned = _pinned(composed.overrides)
+    if not plan.vllm.get("enabled"):  # the vLLM knobs change nothing
+        pinned |= {"tp", "sleep_level", "utilization"}
     found = _search(composed, plan, pinned, limit)
-    if found or not pinned:
-        return Advice(tuple(found), ())
-    freed = tuple(o for o in composed.overrides if _pinned((o,)))
-    return Advice(tuple(_search(composed, plan, set(), limit)), freed)
+    if found or not _pinned(composed.overrides):
+        return Advice(tuple(found))
+    found = _search(composed, plan, pinned - _pinned(composed.overrides), limit)
+    base = Knobs.of(composed.config, plan)
+    freed = tuple(o for o in composed.overrides
+                  if any(getattr(s.knobs, k) != getattr(base, k) for s in found for k in _pinned((o,))))
+    return Advice(tuple(found), freed)
 
 
 def _misfit_lines(plan: Plan) -> list[str]:

@@ -61,8 +61,8 @@ class Budget:
 
     @property
     def binding(self) -> Phase:
-        """The phase with the highest total: the one that decides whether the device fits."""
-        return max(self.phases, key=lambda p: p.total_gib)
+        """The phase with the highest total, the later one on a tie: it decides whether the device fits."""
+        return max(reversed(self.phases), key=lambda p: p.total_gib)
 
     @property
     def peak_gib(self) -> float:

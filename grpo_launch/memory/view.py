@@ -97,7 +97,8 @@ def print_memory(memory: MemoryEstimate | None, console: Console) -> None:
 
 def print_advice(advice: Advice, console: Console) -> None:
     if not advice.suggestions:
-        console.print("[bold]suggestions[/] none: no layout of this cluster fits by the estimate")
+        why = advice.skipped or "no layout of this cluster fits by the estimate"
+        console.print(f"[bold]suggestions[/] none: {why}")
         return
     freed = f" (changing {' '.join(advice.freed)}: nothing fits with it)" if advice.freed else ""
     console.print(f"[bold]suggestions[/] layouts that fit{freed}, best first by the throughput proxy: more GPUs "
