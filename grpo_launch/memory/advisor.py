@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from grpo_launch.errors import UserError
+from grpo_launch.memory.estimate import DTYPE_BYTES
+from grpo_launch.memory.report import GIB
 from grpo_launch.plan import build_plan
 from grpo_launch.plan.types import Plan
 from grpo_launch.schema import Config
@@ -119,7 +121,9 @@ class Suggestion:
         parts = [f"{p.world_size} trainer GPUs", k.placement, zero + offload, f"TP {k.tp}"]
         if k.placement == "colocate":
             parts.append(f"sleep {k.sleep_level}")
-        parts += [f"utilization {k.utilization:g}", f"micro-batch {k.micro_batch}"]
+        if k.utilization:
+            parts.append(f"utilization {k.utilization:g}")
+        parts.append(f"micro-batch {k.micro_batch}")
         worst = min(p.memory.gpus + p.memory.hosts, key=lambda b: b.headroom_gib)
         parts.append(f"peak {worst.peak_gib:.1f} of {worst.capacity_gib:g} GiB ({worst.role}, {worst.binding.name})")
         return " · ".join(parts)
@@ -146,8 +150,9 @@ def _tp_options(config: Config) -> list[int]:
     return [d for d in range(1, gpus + 1) if gpus % d == 0]
 
 
-def _preferred_tp(plan: Plan, options: list[int]) -> int:
-    weights_gib = 2 * plan.memory.parameters / 1024 ** 3
+def _preferred_tp(config: Config, plan: Plan) -> int:
+    options = _tp_options(config)
+    weights_gib = DTYPE_BYTES[config.model.dtype] * plan.memory.parameters / GIB
     fitting = [tp for tp in options if weights_gib / tp <= TP_WEIGHT_SHARE * plan.gpu_memory_gib]
     return fitting[0] if fitting else options[-1]
 
@@ -224,7 +229,7 @@ def _shapes(base: Knobs, config: Config, pinned: set[str]) -> Iterator[Knobs]:
 def _search(composed: Composed, plan: Plan, pinned: set[str], limit: int) -> list[Suggestion]:
     config = composed.config
     base = Knobs.of(config, plan)
-    preferred = _preferred_tp(plan, _tp_options(config))
+    preferred = _preferred_tp(config, plan)
     found = [s for shape in _shapes(base, config, pinned)
              if (s := _best_of_shape(composed, shape, base, pinned, preferred)) is not None]
     return sorted(found, key=lambda s: s.score)[:limit]
