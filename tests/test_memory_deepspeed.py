@@ -69,6 +69,7 @@ def test_model_states_agree_with_deepspeed_within_5_percent(base, model, zero, n
 
 
 def _tiny(kind: str, vocab: int):
+    pytest.importorskip("transformers")
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
