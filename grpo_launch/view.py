@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from grpo_launch.memory.view import print_memory
 from grpo_launch.plan.documents import document_text
 from grpo_launch.plan.types import Plan, ProcessSpec
 
@@ -68,6 +69,8 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
                   ", ".join(f"{k}={val!r}" for k, val in plan.trainer_args.items()) + ")")
     console.print()
     console.print(_processes(plan))
+    console.print()
+    print_memory(plan.memory, console)
     console.print()
     console.print("[bold]files[/]     " + "  ".join(plan.files))
     for warning in plan.warnings:

@@ -24,3 +24,21 @@ def plan_json(*overrides: str) -> dict:
     from grpo_launch.plan import build_plan
 
     return json.loads(json.dumps(build_plan(compose(list(overrides))).to_json()))
+
+
+def replanned(composed, *, model=None, dtype=None, nodes=None, zero=None, trainer=None, **vllm):
+    """`composed` with the typed config's fields replaced (no Hydra), planned: model name and dtype, cluster nodes,
+    zero as (stage, offload_optimizer, offload_param), trainer.* added, vllm.* keys replaced."""
+    from dataclasses import replace
+
+    from grpo_launch.plan import build_plan
+
+    c = composed.config
+    model_changes = {k: v for k, v in (("name_or_path", model), ("dtype", dtype)) if v is not None}
+    config = replace(c, model=replace(c.model, **model_changes), vllm=replace(c.vllm, **vllm),
+                     cluster=replace(c.cluster, nodes=nodes or c.cluster.nodes),
+                     trainer={**c.trainer, **(trainer or {})})
+    if zero is not None:
+        config = replace(config, zero=replace(c.zero, stage=zero[0], offload_optimizer=zero[1], offload_param=zero[2]))
+    composed = replace(composed, config=config)
+    return composed, build_plan(composed)

@@ -6,11 +6,13 @@ Every rule that makes a layout valid lives here or in the placement modules (one
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 from grpo_launch import builtins
 from grpo_launch.errors import UserError, did_you_mean
+from grpo_launch.memory.estimate import estimate as estimate_memory
 from grpo_launch.plan import async_lora, colocate, server
 from grpo_launch.plan.common import (
     Context,
@@ -106,7 +108,7 @@ def build_plan(composed: Composed) -> Plan:
     prepare = prepare_steps(config)
     files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes,
                                        config.env.passthrough)
-    return Plan(
+    plan = Plan(
         recipe=composed.recipe,
         placement=config.placement.kind,
         accelerator=config.cluster.accelerator,
@@ -131,3 +133,4 @@ def build_plan(composed: Composed) -> Plan:
         batch=batch,
         warnings=tuple(ctx.warnings + _idle_warning(layout, config)),
     )
+    return replace(plan, memory=estimate_memory(config, plan))  # the CLI decides whether a misfit is fatal

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from grpo_launch.memory.report import MemoryEstimate
 
 ROLES = ("trainer", "vllm", "proxy")
 
@@ -73,6 +76,7 @@ class Plan:
     trainer_inputs: dict[str, Any]             # model, data, rewards, LoRA: what the trainer entrypoint builds
     batch: dict[str, Any]                      # TRL's derived batch sizes, checked at plan time
     warnings: tuple[str, ...] = field(default=())
+    memory: MemoryEstimate | None = None       # per GPU and phase, and per node's host memory (grpo_launch.memory)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -86,6 +90,7 @@ class Plan:
         data["hosts"] = list(data["hosts"])
         data["ports"] = list(data["ports"])
         data["warnings"] = list(data["warnings"])
+        data["memory"] = self.memory.to_json() if self.memory else None
         return data
 
     def process(self, name: str) -> ProcessSpec:

@@ -1,0 +1,83 @@
+"""The advisor's layouts fit when applied through the real compose, keep the command line's choices, and are fast."""
+
+import time
+
+import pytest
+
+from grpo_launch.compose import compose
+from grpo_launch.memory.advisor import Knobs, advise
+from grpo_launch.plan import build_plan
+
+GPU_RECIPES = ["qwen1.5b-async-lora", "qwen1.5b-colocate", "qwen1.5b-server", "qwen72b-colocate", "qwen72b-server",
+               "qwen7b-colocate", "qwen7b-server"]
+
+
+def _advice(*overrides):
+    composed = compose(list(overrides))
+    return composed, advise(composed, build_plan(composed))
+
+
+def _applied(overrides, suggestion):
+    """The suggestion's overrides appended to the user's, composed by Hydra and planned like `grpo plan` would."""
+    composed = compose([*overrides, *suggestion.overrides])
+    return composed, build_plan(composed)
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES)
+def test_first_choice_fits_when_applied_through_compose(recipe):
+    overrides = [f"recipe={recipe}"]
+    _, advice = _advice(*overrides)
+    first = advice.suggestions[0]
+    composed, plan = _applied(overrides, first)
+    assert plan.memory.fits
+    assert Knobs.of(composed.config, plan) == first.knobs
+
+
+def test_zero2_suggestions_all_fit_and_say_what_they_drop():
+    overrides = ["recipe=qwen72b-colocate", "zero=2"]
+    _, advice = _advice(*overrides)
+    assert advice.freed == ("zero=2",)
+    assert len(advice.suggestions) == 3
+    for suggestion in advice.suggestions:
+        assert any(o.startswith("zero.stage=3") for o in suggestion.overrides)
+        assert _applied(overrides, suggestion)[1].memory.fits
+
+
+def test_ranked_by_the_proxy():
+    _, advice = _advice("recipe=qwen7b-server")
+    scores = [s.score for s in advice.suggestions]
+    assert scores == sorted(scores)
+    assert advice.suggestions[0].plan.world_size == 8  # colocate trains on all 8 GPUs; the server recipe on 6
+
+
+def test_command_line_choices_stay_when_a_layout_fits_with_them():
+    _, advice = _advice("recipe=qwen72b-colocate", "vllm.tensor_parallel_size=8", "vllm.sleep_level=2")
+    assert advice.freed == ()
+    for suggestion in advice.suggestions:
+        assert (suggestion.knobs.tp, suggestion.knobs.sleep_level) == (8, 2)
+        assert not [o for o in suggestion.overrides if o.startswith(("vllm.tensor_parallel_size", "vllm.sleep"))]
+
+
+def test_the_plan_itself_is_a_suggestion_when_it_ranks():
+    _, advice = _advice("recipe=qwen1.5b-colocate")
+    assert advice.suggestions[0].overrides == ()
+
+
+def test_only_the_choices_the_suggestions_change_are_named():
+    _, advice = _advice("recipe=qwen72b-colocate", "zero=2", "vllm.sleep_level=2")
+    assert "zero=2" in advice.freed
+    sleep_levels = {s.knobs.sleep_level for s in advice.suggestions}
+    assert ("vllm.sleep_level=2" in advice.freed) == (sleep_levels != {2})
+
+
+def test_cpu_recipe_gets_no_suggestions_and_says_why():
+    advice = _advice()[1]
+    assert advice.suggestions == () and "cpu" in advice.skipped
+
+
+def test_search_is_well_under_a_second():
+    composed = compose(["recipe=qwen72b-colocate", "zero=2"])  # the slowest case: two searches
+    plan = build_plan(composed)
+    start = time.perf_counter()
+    advise(composed, plan)
+    assert time.perf_counter() - start < 1.0

@@ -1,0 +1,88 @@
+"""`grpo plan` shows the memory tables, refuses a layout that does not fit, and stays free of heavy imports."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import grpo, plan_json
+
+RECIPES = sorted(p.stem for p in (Path(__file__).parents[1] / "recipes" / "recipe").glob("*.yaml"))
+WIDE = {"COLUMNS": "200"}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_shipped_recipe_fits(recipe):
+    memory = plan_json(f"recipe={recipe}")["memory"]
+    assert memory["estimated"] and memory["fits"]
+
+
+def test_qwen72b_colocate_shows_both_tables_and_fits():
+    result = grpo("plan", "recipe=qwen72b-colocate", env=WIDE)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "memory per GPU" in out and "host memory per node" in out
+    assert "trainer + vLLM · 32 GPUs · node 0-3 · GPU 0-7" in out
+    assert "fits: generation binds, headroom" in out
+    assert "KV cache:" in out and "offloaded optimizer states" in out
+
+
+def test_zero2_is_refused_with_numbers_and_suggestions():
+    result = grpo("plan", "recipe=qwen72b-colocate", "zero=2", env=WIDE)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    err = result.stderr
+    assert "qwen72b-colocate does not fit in memory" in err
+    assert "trainer + vLLM (32 GPUs), generation: 210.7 GiB of 80 GiB (weights 135.4" in err
+    assert "layouts that fit (dropping zero=2), best first: zero.stage=3" in err
+    assert "--force" in err
+
+
+def test_force_plans_it_anyway():
+    result = grpo("plan", "recipe=qwen72b-colocate", "zero=2", "--force", env=WIDE)
+    assert result.returncode == 0, result.stderr
+    assert "DOES NOT FIT" in result.stdout and "does not fit" in result.stdout
+
+
+def test_suggest_prints_three_layouts_with_overrides():
+    result = grpo("plan", "recipe=qwen72b-colocate", "--suggest", env=WIDE)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "suggestions" in out and "throughput proxy" in out
+    assert all(f"  {i}. " in out for i in (1, 2, 3))
+    assert "32 trainer GPUs · colocate · ZeRO-3" in out
+
+
+def test_suggest_on_a_misfit_shows_the_tables_then_refuses():
+    result = grpo("plan", "recipe=qwen72b-colocate", "zero=2", "--suggest", env=WIDE)
+    assert result.returncode == 2
+    assert "changing zero=2: nothing fits with it" in result.stdout and "DOES NOT FIT" in result.stdout
+    assert "does not fit in memory" in result.stderr
+
+
+def test_json_has_a_memory_section_and_suggestions():
+    result = grpo("plan", "recipe=qwen72b-colocate", "--json", "--suggest")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    memory = data["memory"]
+    assert memory["fits"] and memory["parameters"] == 72_706_203_648
+    (gpu,) = memory["gpus"]
+    assert gpu["binding_phase"] == "generation" and len(gpu["members"]) == 32
+    assert gpu["kv_cache"]["max_model_len"] == 4096
+    assert [p["name"] for p in memory["hosts"][0]["phases"]] == ["load", "training"]
+    assert len(data["suggestions"]) == 3 and all(s["summary"] for s in data["suggestions"])
+
+
+def test_planning_and_advising_import_no_torch_trl_vllm_or_deepspeed():
+    code = ("import sys\n"
+            "from grpo_launch.compose import compose\n"
+            "from grpo_launch.plan import build_plan\n"
+            "from grpo_launch import memory\n"
+            "c = compose(['recipe=qwen72b-colocate', 'zero=2'])\n"
+            "p = build_plan(c)\n"
+            "assert memory.advise(c, p).suggestions\n"
+            "print(sorted(m for m in ('torch', 'trl', 'vllm', 'deepspeed', 'transformers') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
