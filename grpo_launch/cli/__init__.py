@@ -34,7 +34,7 @@ def report(error: UserError) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grpo_launch.cli import plan, recipes  # noqa: F401  (registers the subcommands)
+    from grpo_launch.cli import plan, proxy, recipes  # noqa: F401  (registers the subcommands)
 
     try:
         app(args=argv, prog_name="grpo", standalone_mode=False)
