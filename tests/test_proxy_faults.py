@@ -87,3 +87,16 @@ def test_stream_cut_by_a_dying_replica_reaches_the_client_as_incomplete():
             assert f.proxy.stats.errors["stream_cut"] == 1
             assert f.proxy.fleet.replicas[0].inflight == 0
     asyncio.run(scenario())
+
+
+def test_client_that_hangs_up_frees_its_replica_slot():
+    async def scenario():
+        async with fleet(1, sim={"decode_s_per_token": 2.0}) as f:
+            body = {"model": "sim/base", "prompt": PROMPT, "max_tokens": 4}
+            with pytest.raises(TimeoutError):
+                async with f.http.post(f.url + "/v1/completions", json=body,
+                                       timeout=aiohttp.ClientTimeout(total=0.2)) as r:
+                    await r.read()
+            assert f.proxy.fleet.replicas[0].requests == 1
+            await f.until(lambda: f.proxy.fleet.replicas[0].inflight == 0, "the abandoned request to be dropped")
+    asyncio.run(scenario())

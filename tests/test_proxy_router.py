@@ -31,7 +31,7 @@ def test_hashes_are_chained_full_blocks_seeded_by_model():
     assert hashes(list(range(10)), model="policy-v2") != a
     assert hashes([1, 2]) == []
     with pytest.raises(ValueError):
-        hashes(["a", "b", "c", "d"])
+        hashes([[1], [2], [3], [4]])
 
 
 def test_same_prompt_sticks_to_its_replica():

@@ -215,8 +215,12 @@ class Proxy:
         adapter-only sync on only for a server of data-parallel size 1."""
         reply = await self._ask_one(request.raw_path)
         if reply.status == 200 and reply.content_type == "application/json":
-            info = json.loads(reply.body)
-            parallel = (info.get("vllm_config") or {}).get("parallel_config") if isinstance(info, dict) else None
+            try:
+                info = json.loads(reply.body)
+            except ValueError:
+                return _web(reply)
+            config = info.get("vllm_config") if isinstance(info, dict) else None
+            parallel = config.get("parallel_config") if isinstance(config, dict) else None
             if isinstance(parallel, dict):
                 for key in ("data_parallel_size", "data_parallel_size_local"):
                     if key in parallel:
@@ -269,7 +273,8 @@ class Running:
 async def running(config: ProxyConfig) -> AsyncIterator[Running]:
     """Listen until the block exits; port 0 picks a free port (see `.port`)."""
     proxy = Proxy(config)
-    runner = web.AppRunner(proxy.app(), access_log=None, shutdown_timeout=SHUTDOWN_S)
+    # handler_cancellation: a client that hangs up closes its upstream call too, and vLLM aborts that generation.
+    runner = web.AppRunner(proxy.app(), access_log=None, shutdown_timeout=SHUTDOWN_S, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     try:

@@ -2,8 +2,9 @@
 
 It keeps a real LRU prefix cache of full blocks (keyed like vLLM's: chained, seeded with the adapter name) and
 charges time for uncached prompt tokens (one prefill at a time, like a GPU busy with one forward) and for generated
-tokens (decoding overlaps across requests, like continuous batching). Faults on demand: adapter directories that
-appear late (a lagging shared mount), refused loads, death in the middle of a request, a held stream.
+tokens (decoding overlaps across requests, like continuous batching, but stalls while the replica prefills).
+Faults on demand: adapter directories that appear late (a lagging shared mount), refused loads, death in the middle
+of a request, a held stream.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class SimReplica:
         self._cache: OrderedDict[bytes, None] = OrderedDict()
         self._first_asked: dict[str, float] = {}
         self._prefill = asyncio.Lock()
+        self._prefill_s_total = 0.0
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -164,7 +166,15 @@ class SimReplica:
         return web.json_response({"success": True})
 
     async def reset(self, request: web.Request) -> web.Response:
+        """Forget everything (cache, adapters, counters), then take new costs if given: between benchmark runs."""
+        settings = await request.json() if request.can_read_body else {}
+        for key in ("prefill_s_per_token", "decode_s_per_token", "base_latency_s"):
+            if key in settings:
+                setattr(self, key, float(settings[key]))
         self._cache.clear()
+        self._first_asked.clear()
+        self.adapters.clear()
+        self.paused = False
         self.stats = SimStats()
         return web.json_response({})
 
@@ -190,8 +200,9 @@ class SimReplica:
         if prefill_s:
             async with self._prefill:
                 await asyncio.sleep(prefill_s)
+                self._prefill_s_total += prefill_s
         if self.base_latency_s or decode_s:
-            await asyncio.sleep(self.base_latency_s + decode_s)
+            await self._decode(self.base_latency_s + decode_s)
         chat = request.path.endswith("chat/completions")
         if body.get("stream"):
             return await self._stream(request, model, generated, chat)
@@ -220,6 +231,17 @@ class SimReplica:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    async def _decode(self, seconds: float) -> None:
+        """Decoding overlaps across requests, but a GPU runs one step at a time: prefill that ran meanwhile on this
+        replica delayed every step, so it delays this request too (a few rounds catch prefill during the stall)."""
+        seen = self._prefill_s_total
+        await asyncio.sleep(seconds)
+        for _ in range(3):
+            stall, seen = self._prefill_s_total - seen, self._prefill_s_total
+            if stall <= 0:
+                return
+            await asyncio.sleep(stall)
 
     def _lookup_and_cache(self, model: str, tokens: list[int]) -> int:
         """Prompt tokens found in the cache (leading full blocks), then the prompt's blocks cached, LRU-bounded."""

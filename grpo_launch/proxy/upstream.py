@@ -62,8 +62,11 @@ class Upstream:
                 timeout: aiohttp.ClientTimeout | None = None):
         """An aiohttp response context; `path_qs` is the raw (still percent-encoded) path and query."""
         assert self._session is not None, "Upstream.start() first"
+        # No Accept-Encoding of aiohttp's own: a replica compresses only for a client that asked (its bytes pass
+        # through as they are), and never for the proxy's own calls, whose bodies it reads.
         return self._session.request(method, URL(base + path_qs, encoded=True), data=body or None,
-                                     headers=headers, timeout=timeout or self.timeout, allow_redirects=False)
+                                     headers=headers, skip_auto_headers=("Accept-Encoding",),
+                                     timeout=timeout or self.timeout, allow_redirects=False)
 
     async def call(self, base: str, method: str, path_qs: str, *, body: bytes = b"",
                    headers: dict[str, str] | None = None, timeout: aiohttp.ClientTimeout | None = None) -> Reply:
