@@ -59,7 +59,7 @@ def test_failing_replica_rolls_the_load_back_everywhere(tmp_path):
             assert r.status == 404  # nobody serves a half-loaded version
             _, stats = await f.get("/proxy/stats")
             assert stats["broadcasts"]["/v1/load_lora_adapter"] == {"rolled_back": 1}
-            assert stats["prefix"]["adapters"] == []
+            assert stats["fleet"]["adapters"] == []
     asyncio.run(scenario())
 
 

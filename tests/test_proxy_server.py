@@ -194,3 +194,16 @@ def test_unknown_json_and_batched_prompts_do_not_break_routing():
             async with f.http.post(f.url + "/v1/completions", json=[1, 2, 3]) as r:
                 assert r.status != 200
     asyncio.run(scenario())
+
+
+def test_an_unloadable_tokenizer_routes_text_by_load_without_failing_requests(tmp_path):
+    broken = tmp_path / "tokenizer.json"
+    broken.write_text("{not a tokenizer")
+
+    async def scenario():
+        async with fleet(2, tokenizer=str(broken)) as f:
+            for _ in range(3):
+                assert (await f.complete("some text prompt " * 8)).status == 200
+            _, stats = await f.get("/proxy/stats")
+            assert stats["requests"]["untokenized"] == 3 and stats["requests"]["unmatched"] == 3
+    asyncio.run(scenario())

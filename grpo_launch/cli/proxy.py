@@ -53,8 +53,11 @@ def proxy(
                          request_timeout_s=request_timeout_s, health_interval_s=health_interval_s,
                          tokenizer=tokenizer, client_api_key=_secret(api_key_env, "--api-key-env"),
                          upstream_api_key=_secret(upstream_api_key_env, "--upstream-api-key-env"))
-    from grpo_launch.proxy.main import run
-
+    try:
+        from grpo_launch.proxy.main import run
+    except ImportError as e:
+        raise UserError(f"grpo proxy needs {e.name}, which is not installed",
+                        hint="pip install 'grpo-launch[proxy]'") from e
     run(config)
 
 

@@ -68,7 +68,10 @@ class Fleet:
     async def watch(self) -> None:
         """Probe every replica now, then every interval, until cancelled."""
         while True:
-            await asyncio.gather(*(self._probe(r) for r in self.replicas))
+            outcomes = await asyncio.gather(*(self._probe(r) for r in self.replicas), return_exceptions=True)
+            for replica, outcome in zip(self.replicas, outcomes, strict=True):
+                if isinstance(outcome, Exception):  # a bug, but the probe must go on: it is how replicas return
+                    log.error("probing %s failed: %r", replica.url, outcome)
             await asyncio.sleep(self.health_interval_s)
 
     async def stop(self) -> None:

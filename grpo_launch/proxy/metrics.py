@@ -61,7 +61,7 @@ class ProxyStats:
             histogram = self.latency[route] = Histogram()
         histogram.observe(seconds)
 
-    def to_json(self, replicas: list[dict[str, Any]], extra: dict[str, Any]) -> dict[str, Any]:
+    def to_json(self, replicas: list[dict[str, Any]], *, block_size: int, tracked_blocks: int) -> dict[str, Any]:
         kinds = Counter()
         for (_, kind), n in self.decisions.items():
             kinds[kind] += n
@@ -73,9 +73,10 @@ class ProxyStats:
             "requests": {"routed": total, **{k: kinds[k] for k in (AFFINITY, SPILL, UNMATCHED)},
                          "untokenized": self.untokenized, "retries": self.retries},
             "rates": {k: round(kinds[k] / total, 4) if total else None for k in (AFFINITY, SPILL, UNMATCHED)},
-            "prefix": {"prompt_blocks": self.prompt_blocks, "matched_blocks": self.matched_blocks,
+            "prefix": {"block_size": block_size, "tracked_blocks": tracked_blocks, "prompt_blocks": self.prompt_blocks,
+                       "matched_blocks": self.matched_blocks,
                        "matched_fraction": round(self.matched_blocks / self.prompt_blocks, 4)
-                       if self.prompt_blocks else None, **extra},
+                       if self.prompt_blocks else None},
             "errors": dict(self.errors),
             "broadcasts": broadcasts,
             "latency_s": {route: {"count": h.count, "mean": round(h.total / h.count, 6) if h.count else None,

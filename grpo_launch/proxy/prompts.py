@@ -9,8 +9,10 @@ chat template: block boundaries shift by the template's few tokens, which moves 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import threading
 from typing import Any
 
 from grpo_launch.proxy.config import tokenizer_file
@@ -40,22 +42,54 @@ def _text(content: Any) -> str:
 
 
 class LazyTokenizer:
-    """Loads the tokenizer once, off the event loop, when the first text prompt arrives; None if it cannot."""
+    """Loads the tokenizer off the event loop when the first text prompt arrives. Prompts wait for it at most
+    `patience_s` from then (a local tokenizer.json loads well within); a hub download that takes longer, or fails,
+    leaves text prompts routed by load alone instead of holding them."""
 
-    def __init__(self, source: str | None) -> None:
+    def __init__(self, source: str | None, patience_s: float = 2.0) -> None:
         self.source = source
-        self._loading: asyncio.Task | None = None
+        self.patience_s = patience_s
+        self._loading: asyncio.Future | None = None
+        self._patience_until = 0.0
 
     async def encode(self, text: str) -> list[int] | None:
         if self.source is None:
             return None
+        loop = asyncio.get_running_loop()
         if self._loading is None:
-            self._loading = asyncio.ensure_future(asyncio.to_thread(_load, self.source))
+            self._loading = _in_daemon_thread(loop, _load, self.source)
+            self._patience_until = loop.time() + self.patience_s
+        if not self._loading.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._loading), self._patience_until - loop.time())
+            except Exception:  # still loading (TimeoutError) or failed
+                return None
         try:
-            tokenizer = await asyncio.shield(self._loading)
-        except Exception:  # already logged once by _load; text prompts route by load alone
+            tokenizer = self._loading.result()
+        except Exception:  # logged once by _load
             return None
         return tokenizer.encode(text).ids
+
+
+def _in_daemon_thread(loop: asyncio.AbstractEventLoop, fn, *args) -> asyncio.Future:
+    """`fn(*args)` in a daemon thread: unlike asyncio.to_thread, a hub download still retrying never holds up
+    the proxy's exit."""
+    future = loop.create_future()
+
+    def settle(outcome: Any, failed: bool) -> None:
+        if not future.done():
+            (future.set_exception if failed else future.set_result)(outcome)
+
+    def work() -> None:
+        try:
+            outcome, failed = fn(*args), False
+        except Exception as e:
+            outcome, failed = e, True
+        with contextlib.suppress(RuntimeError):  # the loop closed while we worked: nobody is waiting
+            loop.call_soon_threadsafe(settle, outcome, failed)
+
+    threading.Thread(target=work, name="grpo-proxy-tokenizer", daemon=True).start()
+    return future
 
 
 def _load(source: str):

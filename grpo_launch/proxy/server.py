@@ -21,7 +21,7 @@ from grpo_launch.proxy.config import ProxyConfig
 from grpo_launch.proxy.fleet import Fleet
 from grpo_launch.proxy.metrics import ProxyStats
 from grpo_launch.proxy.prompts import LazyTokenizer, prompt_of
-from grpo_launch.proxy.router import PrefixRouter, block_hashes
+from grpo_launch.proxy.router import BlockHash, PrefixRouter, block_hashes
 from grpo_launch.proxy.upstream import UNANSWERED, Reply, Upstream, error_reply, response_headers
 
 log = logging.getLogger("grpo_launch.proxy")
@@ -103,7 +103,7 @@ class Proxy:
         finally:
             self.stats.observe(route, time.perf_counter() - started)
 
-    async def _block_hashes(self, body: bytes) -> list[bytes]:
+    async def _block_hashes(self, body: bytes) -> list[BlockHash]:
         try:
             payload = json.loads(body)
         except ValueError:
@@ -126,7 +126,7 @@ class Proxy:
             return []
 
     async def _forward(self, request: web.Request, body: bytes, index: int,
-                       hashes: Sequence[bytes] = ()) -> web.StreamResponse:
+                       hashes: Sequence[BlockHash] = ()) -> web.StreamResponse:
         """Send to replica `index`; if it never answers, once more to the least-loaded other replica."""
         headers = self.upstream.headers(request.headers)
         for attempt in (1, 2):
@@ -246,9 +246,10 @@ class Proxy:
         return web.json_response({"healthy": status == 200, "replicas": replicas}, status=status)
 
     async def proxy_stats(self, request: web.Request) -> web.Response:
-        extra = {"block_size": self.config.block_size, "tracked_blocks": self.router.tracked_blocks,
-                 "adapters": list(self.fleet.adapters), "paused": self.fleet.paused is not None}
-        return web.json_response(self.stats.to_json([r.to_json() for r in self.fleet.replicas], extra))
+        stats = self.stats.to_json([r.to_json() for r in self.fleet.replicas], block_size=self.config.block_size,
+                                   tracked_blocks=self.router.tracked_blocks)
+        stats["fleet"] = {"adapters": list(self.fleet.adapters), "paused": self.fleet.paused is not None}
+        return web.json_response(stats)
 
     async def metrics(self, request: web.Request) -> web.Response:
         text = self.stats.to_prometheus([r.to_json() for r in self.fleet.replicas], self.router.tracked_blocks)
