@@ -44,7 +44,8 @@ class Upstream:
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S)
         # auto_decompress off: bodies pass through byte for byte, Content-Encoding with them.
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, auto_decompress=False)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, auto_decompress=False,
+                                              cookie_jar=aiohttp.DummyCookieJar())  # vLLM sets no cookies
 
     async def close(self) -> None:
         if self._session is not None:
