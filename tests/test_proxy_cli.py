@@ -4,6 +4,7 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
 import sys
 
 import aiohttp
@@ -71,3 +72,10 @@ def test_the_planned_command_serves_and_keeps_secrets_out_of_output(tmp_path):
         assert CLIENT_KEY not in output and UPSTREAM_KEY not in output
         assert list(tmp_path.iterdir()) == []  # the proxy writes no file
     asyncio.run(scenario())
+
+
+def test_grpo_plan_never_imports_the_proxy():
+    code = ("import sys; from grpo_launch.cli import main; main(['plan', '--json']); "
+            "assert 'aiohttp' not in sys.modules and 'grpo_launch.proxy.server' not in sys.modules")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
