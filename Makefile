@@ -25,6 +25,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/plan_time.py
 	$(BIN)/python benchmarks/run_overhead.py
+	$(BIN)/python benchmarks/proxy_bench.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check grpo_launch tests benchmarks

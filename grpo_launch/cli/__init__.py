@@ -34,7 +34,7 @@ def report(error: UserError) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grpo_launch.cli import plan, recipes, run  # noqa: F401  (registers the subcommands)
+    from grpo_launch.cli import plan, proxy, recipes, run  # noqa: F401  (registers the subcommands)
 
     try:
         # standalone mode: click prints its own usage errors and exits 2; our UserError passes through it.

@@ -1,0 +1,72 @@
+"""`grpo proxy`: the KV-prefix routing proxy in front of vLLM replicas (async-lora starts it; so can you)."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from grpo_launch.cli import app
+from grpo_launch.errors import UserError
+
+EXAMPLES = """
+[bold]Examples[/]
+
+  grpo proxy --replica http://127.0.0.1:8000 --replica http://127.0.0.1:8001 --tokenizer Qwen/Qwen2.5-Math-1.5B
+  grpo proxy --port 9000 --replica http://10.0.0.5:8000 --replica http://10.0.0.6:8000 --imbalance 16
+  PROXY_KEY=... grpo proxy --host 0.0.0.0 --api-key-env PROXY_KEY --replica http://127.0.0.1:8000
+  curl -s 127.0.0.1:8080/proxy/stats | jq .requests      affinity hits, spills, unmatched
+
+Point TRL's vllm_server_base_url at the proxy; it sees one vLLM server of data-parallel size 1.
+"""
+
+
+@app.command(epilog=EXAMPLES)
+def proxy(
+    replica: list[str] = typer.Option(..., "--replica", metavar="URL",
+                                      help="Base URL of a vLLM replica; repeat once per replica."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; 0.0.0.0 exposes the proxy (set an API key)."),
+    port: int = typer.Option(8080, help="Port to listen on."),
+    block_size: int = typer.Option(16, help="Prefix block in tokens; must equal the replicas' --block-size."),
+    imbalance: int = typer.Option(8, help="A replica holding the prompt's prefix keeps it while its in-flight "
+                                          "count exceeds the least-loaded replica's by at most this much."),
+    max_tracked_blocks: int = typer.Option(500_000, help="Prefix blocks remembered (LRU)."),
+    lora_load_timeout_s: float = typer.Option(300.0, help="How long an adapter load waits for every replica to "
+                                                          "see the adapter directory (shared storage lag)."),
+    request_timeout_s: float = typer.Option(600.0, help="Longest a replica may take to answer one request."),
+    health_interval_s: float = typer.Option(2.0, help="Seconds between /health probes of each replica."),
+    tokenizer: str | None = typer.Option(None, metavar="ID_OR_PATH",  # noqa: UP007
+                                         help="Model id or local tokenizer path, to route text prompts by "
+                                              "prefix (token-id prompts need none)."),
+    api_key_env: str | None = typer.Option(None, metavar="NAME",  # noqa: UP007
+                                           help="Environment variable holding the key clients must send as "
+                                                "'Authorization: Bearer <key>' on every path."),
+    upstream_api_key_env: str | None = typer.Option(None, metavar="NAME",  # noqa: UP007
+                                                    help="Environment variable holding the key sent to the "
+                                                         "replicas (their --api-key)."),
+) -> None:
+    """Route generation to the replica holding the prompt's KV prefix; broadcast adapter loads, pause and resume."""
+    from grpo_launch.proxy.config import ProxyConfig
+
+    config = ProxyConfig(replicas=tuple(replica), host=host, port=port, block_size=block_size, imbalance=imbalance,
+                         max_tracked_blocks=max_tracked_blocks, lora_load_timeout_s=lora_load_timeout_s,
+                         request_timeout_s=request_timeout_s, health_interval_s=health_interval_s,
+                         tokenizer=tokenizer, client_api_key=_secret(api_key_env, "--api-key-env"),
+                         upstream_api_key=_secret(upstream_api_key_env, "--upstream-api-key-env"))
+    try:
+        from grpo_launch.proxy.main import run
+    except ImportError as e:
+        raise UserError(f"grpo proxy needs {e.name}, which is not installed",
+                        hint="pip install 'grpo-launch[proxy]'") from e
+    run(config)
+
+
+def _secret(name: str | None, flag: str) -> str | None:
+    """The value of the variable a flag names; a named but empty variable is a mistake, not 'no key'."""
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise UserError(f"{flag} {name}: the environment variable {name} is not set", key=flag,
+                        hint=f"export {name}=... in the proxy's environment (its value is never logged or written)")
+    return value

@@ -1,0 +1,291 @@
+"""The proxy's HTTP face (aiohttp): generation routed by KV prefix, state changes broadcast, the rest answered as one
+vLLM server of data-parallel size 1 (TRL turns adapter-only sync off for anything larger)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from grpo_launch.errors import UserError
+from grpo_launch.proxy import broadcast
+from grpo_launch.proxy.config import ProxyConfig
+from grpo_launch.proxy.fleet import Fleet
+from grpo_launch.proxy.metrics import ProxyStats
+from grpo_launch.proxy.prompts import LazyTokenizer, prompt_of
+from grpo_launch.proxy.router import BlockHash, PrefixRouter, block_hashes
+from grpo_launch.proxy.upstream import UNANSWERED, Reply, Upstream, error_reply, response_headers
+
+log = logging.getLogger("grpo_launch.proxy")
+
+ROUTED = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+# NCCL weight sync would reach one replica and leave the others on old weights; TRL syncs adapters instead.
+FULL_WEIGHT_SYNC = ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
+                    "/finish_weight_update")
+MAX_BODY = 64 * 1024 * 1024  # batched or long prompts; aiohttp's default 1 MiB would answer 413
+SHUTDOWN_S = 1.0
+
+
+class Proxy:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.router = PrefixRouter(len(config.replicas), imbalance=config.imbalance,
+                                   max_tracked_blocks=config.max_tracked_blocks)
+        self.upstream = Upstream(api_key=config.upstream_api_key, pass_client_auth=config.client_api_key is None,
+                                 connect_timeout_s=config.connect_timeout_s,
+                                 request_timeout_s=config.request_timeout_s)
+        self.fleet = Fleet(config.replicas, self.upstream, self.router, health_interval_s=config.health_interval_s,
+                           health_timeout_s=config.health_timeout_s)
+        self.tokenizer = LazyTokenizer(config.tokenizer)
+        self.stats = ProxyStats()
+
+    def app(self) -> web.Application:
+        middlewares = [self._authenticate] if self.config.client_api_key else []
+        app = web.Application(client_max_size=MAX_BODY, middlewares=middlewares)
+        for path in ROUTED:
+            app.router.add_post(path, self.generate)
+        for path in broadcast.BROADCAST_PATHS:
+            app.router.add_post(path, self.broadcast)
+        for path in FULL_WEIGHT_SYNC:
+            app.router.add_post(path, self.full_weight_sync)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/proxy/stats", self.proxy_stats)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/server_info", self.server_info)
+        app.router.add_get("/get_world_size", self.world_size)
+        app.router.add_route("*", "/{tail:.*}", self.forward_to_one)
+        app.cleanup_ctx.append(self._lifetime)
+        return app
+
+    async def _lifetime(self, app: web.Application) -> AsyncIterator[None]:
+        await self.upstream.start()
+        watcher = asyncio.create_task(self.fleet.watch())
+        yield
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        await self.fleet.stop()
+        await self.upstream.close()
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler) -> web.StreamResponse:
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        expected = self.config.client_api_key or ""
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), expected.encode()):
+            response = _web(error_reply(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                        "AuthenticationError"))
+            response.headers["WWW-Authenticate"] = "Bearer"
+            return response
+        return await handler(request)
+
+    # -- generation -----------------------------------------------------------------------------------------------
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        route = ROUTED[request.path]
+        body = await request.read()
+        available = self.fleet.available()
+        if not available:
+            self.stats.errors["no_replica"] += 1
+            return _web(error_reply(503, "no replica is in routing", "ServiceUnavailable"))
+        hashes = await self._block_hashes(body)
+        decision = self.router.route(hashes, self.fleet.inflight, available)
+        self.stats.routed(route, decision)
+        try:
+            return await self._forward(request, body, decision.replica, hashes)
+        finally:
+            self.stats.observe(route, time.perf_counter() - started)
+
+    async def _block_hashes(self, body: bytes) -> list[BlockHash]:
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return []  # the replica will say what is wrong with it
+        if not isinstance(payload, dict):
+            return []
+        prompt = prompt_of(payload)
+        if isinstance(prompt, str):
+            tokens = await self.tokenizer.encode(prompt)
+            if tokens is None:
+                self.stats.untokenized += 1
+                return []
+            prompt = tokens
+        model = payload.get("model")
+        if not prompt or not isinstance(model, str):
+            return []
+        try:
+            return block_hashes(model, prompt, self.config.block_size)
+        except ValueError:
+            return []
+
+    async def _forward(self, request: web.Request, body: bytes, index: int,
+                       hashes: Sequence[BlockHash] = ()) -> web.StreamResponse:
+        """Send to replica `index`; if it never answers, once more to the least-loaded other replica."""
+        headers = self.upstream.headers(request.headers)
+        for attempt in (1, 2):
+            replica = self.fleet.replicas[index]
+            replica.inflight += 1
+            replica.requests += 1
+            try:
+                async with self.upstream.request(replica.url, request.method, request.raw_path, body=body,
+                                                 headers=headers) as upstream:
+                    if upstream.content_type == "text/event-stream":
+                        return await self._stream(request, upstream)
+                    payload = await upstream.read()
+                    return web.Response(status=upstream.status, body=payload,
+                                        headers=response_headers(upstream.headers))
+            except UNANSWERED as e:
+                if isinstance(e, aiohttp.ClientConnectorError):
+                    self.fleet.mark_dead(index, f"connection failed: {e.os_error or e}")
+                others = self.fleet.available(excluding=index)
+                if attempt == 2 or not others:
+                    self.stats.errors["unreachable"] += 1
+                    return _web(error_reply(502, f"replica {replica.url} did not answer: {type(e).__name__}",
+                                            "BadGateway"))
+                index = self.router.least_loaded(self.fleet.inflight, others)
+                self.router.record(hashes, index)
+                self.stats.retries += 1
+            except TimeoutError:
+                self.stats.errors["timeout"] += 1
+                return _web(error_reply(504, f"replica {replica.url} did not answer within "
+                                             f"{self.config.request_timeout_s:g} s", "GatewayTimeout"))
+            finally:
+                replica.inflight -= 1
+        raise AssertionError("unreachable")
+
+    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        """Server-sent events pass through chunk by chunk as the replica writes them."""
+        response = web.StreamResponse(status=upstream.status, headers=response_headers(upstream.headers))
+        await response.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            # Too late for another replica or an error status: cut the stream so the client sees it incomplete.
+            self.stats.errors["stream_cut"] += 1
+            log.warning("stream from %s broke: %s", upstream.url.origin(), type(e).__name__)
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        await response.write_eof()
+        return response
+
+    # -- everything else ------------------------------------------------------------------------------------------
+
+    async def broadcast(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        headers = self.upstream.headers(request.headers)
+        path, path_qs = request.path, request.raw_path
+        if path == broadcast.LOAD:
+            outcome = await broadcast.load_adapter(self.fleet, path_qs, body, headers,
+                                                   timeout_s=self.config.lora_load_timeout_s,
+                                                   retry_s=self.config.lora_retry_s)
+        elif path == broadcast.UNLOAD:
+            outcome = await broadcast.unload_adapter(self.fleet, path_qs, body, headers)
+        else:
+            outcome = await broadcast.broadcast(self.fleet, path, path_qs, body, headers)
+        self.stats.broadcasts[path, outcome.label] += 1
+        if outcome.label != "ok":
+            log.warning("%s: %s", path, outcome.reply.text[:500])
+        return _web(outcome.reply)
+
+    async def forward_to_one(self, request: web.Request) -> web.StreamResponse:
+        available = self.fleet.available()
+        if not available:
+            return _web(error_reply(503, "no replica is in routing", "ServiceUnavailable"))
+        return await self._forward(request, await request.read(), self.router.least_loaded(self.fleet.inflight,
+                                                                                          available))
+
+    async def full_weight_sync(self, request: web.Request) -> web.StreamResponse:
+        if len(self.fleet.replicas) > 1:
+            return _web(error_reply(501, f"{request.path}: full-weight sync through the proxy would update one "
+                                         f"replica of {len(self.fleet.replicas)}; train a LoRA adapter so TRL "
+                                         f"syncs adapters", "NotImplementedError"))
+        return await self.forward_to_one(request)
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """One replica's config, with data_parallel_size 1: the replicas are independent, and TRL keeps
+        adapter-only sync on only for a server of data-parallel size 1."""
+        reply = await self._ask_one(request.raw_path)
+        if reply.status == 200 and reply.content_type == "application/json":
+            try:
+                info = json.loads(reply.body)
+            except ValueError:
+                return _web(reply)
+            config = info.get("vllm_config") if isinstance(info, dict) else None
+            parallel = config.get("parallel_config") if isinstance(config, dict) else None
+            if isinstance(parallel, dict):
+                for key in ("data_parallel_size", "data_parallel_size_local"):
+                    if key in parallel:
+                        parallel[key] = 1
+                reply = Reply(200, json.dumps(info).encode(), reply.content_type)
+        return _web(reply)
+
+    async def world_size(self, request: web.Request) -> web.Response:
+        """The world size of one replica (its TP x PP group): what a single server of DP size 1 reports."""
+        return _web(await self._ask_one("/get_world_size?include_dp=false"))
+
+    async def _ask_one(self, path_qs: str) -> Reply:
+        for index in self.fleet.available():
+            try:
+                return await self.upstream.call(self.fleet.replicas[index].url, "GET", path_qs)
+            except (aiohttp.ClientError, TimeoutError):
+                continue
+        return error_reply(503, "no replica is in routing", "ServiceUnavailable")
+
+    async def health(self, request: web.Request) -> web.Response:
+        replicas = [r.to_json() for r in self.fleet.replicas]
+        status = 200 if self.fleet.all_healthy() else 503
+        return web.json_response({"healthy": status == 200, "replicas": replicas}, status=status)
+
+    async def proxy_stats(self, request: web.Request) -> web.Response:
+        stats = self.stats.to_json([r.to_json() for r in self.fleet.replicas], block_size=self.config.block_size,
+                                   tracked_blocks=self.router.tracked_blocks)
+        stats["fleet"] = {"adapters": list(self.fleet.adapters), "paused": self.fleet.paused is not None}
+        return web.json_response(stats)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        text = self.stats.to_prometheus([r.to_json() for r in self.fleet.replicas], self.router.tracked_blocks)
+        return web.Response(body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def _web(reply: Reply) -> web.Response:
+    return web.Response(status=reply.status, body=reply.body, content_type=reply.content_type or None)
+
+
+@dataclass(frozen=True)
+class Running:
+    proxy: Proxy
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.proxy.config.host}:{self.port}"
+
+
+@asynccontextmanager
+async def running(config: ProxyConfig) -> AsyncIterator[Running]:
+    """Listen until the block exits; port 0 picks a free port (see `.port`)."""
+    proxy = Proxy(config)
+    # handler_cancellation: a client that hangs up closes its upstream call too, and vLLM aborts that generation.
+    runner = web.AppRunner(proxy.app(), access_log=None, shutdown_timeout=SHUTDOWN_S, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise UserError(f"cannot listen on {config.host}:{config.port}: {e.strerror or e}", key="--port",
+                        hint="choose a free port with --port") from e
+    port = runner.addresses[0][1]
+    try:
+        yield Running(proxy, port)
+    finally:
+        await runner.cleanup()

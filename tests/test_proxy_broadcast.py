@@ -1,0 +1,124 @@
+"""Broadcasts reach every replica; an adapter load is all-or-nothing, with lagging and failing replicas."""
+
+import asyncio
+
+from proxy_fleet import fleet
+
+
+def adapter(tmp_path, name: str) -> dict:
+    (tmp_path / name).mkdir()
+    return {"lora_name": name, "lora_path": str(tmp_path / name), "load_inplace": False}
+
+
+async def load(f, tmp_path, name: str):
+    """What TRL's trainer does after writing the adapter directory: one load through the proxy."""
+    return await f.post("/v1/load_lora_adapter", adapter(tmp_path, name))
+
+
+def test_load_reaches_every_replica_and_answers_like_vllm(tmp_path):
+    async def scenario():
+        async with fleet(3) as f:
+            status, text = await load(f, tmp_path, "policy-v1")
+            assert (status, text) == (200, "Success: LoRA adapter 'policy-v1' added successfully.")
+            assert all(s.adapters == {"policy-v1": str(tmp_path / "policy-v1")} for s in f.sims)
+            r = await f.complete(list(range(40)), model="policy-v1")
+            assert r.status == 200
+            status, _ = await f.post("/v1/unload_lora_adapter", {"lora_name": "policy-v1"})
+            assert status == 200 and not any(s.adapters for s in f.sims)
+            f.sims[0].adapters["policy-v1"] = "somewhere"  # a replica the others disagree with
+            status, _ = await f.post("/v1/unload_lora_adapter", {"lora_name": "policy-v1"})
+            assert status == 200 and not f.sims[0].adapters  # the 404s of the others are where they should be
+            status, _ = await f.post("/v1/unload_lora_adapter", {"lora_name": "policy-v1"})
+            assert status == 404  # nobody had it: vLLM's own answer
+    asyncio.run(scenario())
+
+
+def test_lagging_replica_is_retried_until_it_sees_the_adapter(tmp_path):
+    async def scenario():
+        async with fleet(3, lora_retry_s=0.05) as f:
+            f.sims[1].adapter_lag_s = 0.3
+            status, _ = await load(f, tmp_path, "policy-v2")
+            assert status == 200
+            assert all("policy-v2" in s.adapters for s in f.sims)
+            assert f.sims[1].calls.count("/v1/load_lora_adapter") > 1
+            assert f.sims[0].calls.count("/v1/load_lora_adapter") == 1
+    asyncio.run(scenario())
+
+
+def test_failing_replica_rolls_the_load_back_everywhere(tmp_path):
+    async def scenario():
+        async with fleet(3) as f:
+            f.sims[2].refuse_loads = True
+            status, body = await load(f, tmp_path, "policy-v3")
+            assert status == 500
+            message = body["error"]["message"]
+            assert f.sims[2].url in message and "simulated engine failure" in message
+            assert not any(s.adapters for s in f.sims)  # the two that loaded it unloaded it again
+            assert f.sims[0].calls[-2:] == ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"]
+            r = await f.complete(list(range(40)), model="policy-v3")
+            assert r.status == 404  # nobody serves a half-loaded version
+            _, stats = await f.get("/proxy/stats")
+            assert stats["broadcasts"]["/v1/load_lora_adapter"] == {"rolled_back": 1}
+            assert stats["fleet"]["adapters"] == []
+    asyncio.run(scenario())
+
+
+def test_a_mount_that_never_catches_up_times_out_with_504_and_rolls_back(tmp_path):
+    async def scenario():
+        async with fleet(2, lora_load_timeout_s=0.3) as f:
+            f.sims[0].adapter_lag_s = 60
+            status, body = await load(f, tmp_path, "policy-v4")
+            assert status == 504  # never 404: TRL reads that as "runtime LoRA updating is off"
+            assert "No adapter found" in body["error"]["message"]
+            assert not any(s.adapters for s in f.sims)
+    asyncio.run(scenario())
+
+
+def test_lag_and_failure_together_stop_waiting_at_the_failure(tmp_path):
+    async def scenario():
+        async with fleet(3, lora_load_timeout_s=30) as f:
+            f.sims[0].adapter_lag_s = 60
+            f.sims[1].refuse_loads = True
+            started = asyncio.get_running_loop().time()
+            status, _ = await load(f, tmp_path, "policy-v5")
+            assert status == 500
+            assert asyncio.get_running_loop().time() - started < 10  # did not sit out the 30 s mount timeout
+            assert not any(s.adapters for s in f.sims)
+    asyncio.run(scenario())
+
+
+def test_loading_an_existing_name_is_refused_without_touching_the_others(tmp_path):
+    async def scenario():
+        async with fleet(2) as f:
+            body = adapter(tmp_path, "policy-v6")
+            assert (await f.post("/v1/load_lora_adapter", body))[0] == 200
+            status, reply = await f.post("/v1/load_lora_adapter", body)
+            assert status == 400 and "already been loaded" in reply["error"]["message"]
+            assert all("policy-v6" in s.adapters for s in f.sims)  # the refusal unloaded nothing
+            status, _ = await f.post("/v1/load_lora_adapter", {"lora_name": "x"})
+            assert status == 400
+    asyncio.run(scenario())
+
+
+def test_state_changes_reach_every_replica(tmp_path):
+    async def scenario():
+        async with fleet(3) as f:
+            for path in ("/pause?mode=keep", "/resume", "/reset_prefix_cache", "/sleep?level=1", "/wake_up"):
+                status, _ = await f.post(path)
+                assert status == 200, path
+            for s in f.sims:
+                assert s.calls[-5:] == ["/pause", "/resume", "/reset_prefix_cache", "/sleep", "/wake_up"]
+            await f.post("/pause?mode=keep")
+            assert all(s.paused for s in f.sims)
+            assert f.proxy.fleet.paused == "/pause?mode=keep"
+    asyncio.run(scenario())
+
+
+def test_cache_reset_clears_the_routing_table():
+    async def scenario():
+        async with fleet(2) as f:
+            await f.complete(list(range(64)))
+            assert f.proxy.router.tracked_blocks == 4
+            await f.post("/reset_prefix_cache")
+            assert f.proxy.router.tracked_blocks == 0
+    asyncio.run(scenario())
