@@ -27,7 +27,9 @@ def _dig(row: dict, dotted: str) -> Any:
     return value
 
 
-def load_training_dataset(data: dict[str, Any], seed: int):
+def load_training_dataset(data: dict[str, Any], seed: int, *, chat: bool = False):
+    """The dataset with TRL's columns; `chat=True` makes every prompt a list of chat messages (AsyncGRPOTrainer's
+    rollout worker renders each prompt through the chat template and cannot take plain text)."""
     from datasets import Dataset, load_dataset
 
     if data["source"] == "builtin":
@@ -48,9 +50,10 @@ def load_training_dataset(data: dict[str, Any], seed: int):
 
     def to_trl(row: dict) -> dict:
         prompt = row[prompt_column]
+        if system is not None or chat:
+            prompt = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
         if system is not None:
-            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            prompt = [{"role": "system", "content": system}, *messages]
+            prompt = [{"role": "system", "content": system}, *prompt]
         out = {"prompt": prompt}
         if answer_column is not None:
             out["solution"] = _dig(row, answer_column)

@@ -97,6 +97,9 @@ class Placement:
 class Vllm:
     enabled: bool = key(True, "Generate with vLLM. false: generate with transformers inside the trainer "
                               "(CPU runs, debugging; colocate only).")
+    server: str = key("vllm", "What serves vLLM's HTTP API in server placements: vllm (`vllm serve`), or cpu-smoke "
+                              "(grpo-launch's CPU engine for smoke tests without a GPU; not vLLM; async-lora only).",
+                      choices=("vllm", "cpu-smoke"))
     tensor_parallel_size: int = key(1, "GPUs per vLLM engine (tensor parallelism).", ge=1)
     data_parallel_size: int | None = key(None, "vLLM engines. colocate: derived (trainer ranks / TP); server: 1; "
                                                "async-lora: independent replicas (default 2).", ge=1)

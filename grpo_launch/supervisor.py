@@ -81,6 +81,8 @@ def check_ports_free(plan: dict[str, Any], node: int) -> None:
         if claim["node"] != node:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # As servers do: connections of an earlier run lingering in TIME_WAIT do not make a port busy.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("0.0.0.0", claim["port"]))
             except OSError:

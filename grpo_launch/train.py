@@ -57,16 +57,42 @@ def _peft_config(lora: dict[str, Any] | None):
                       target_modules=targets[0] if targets == ["all-linear"] else targets)
 
 
-def build_trainer(plan: dict[str, Any]):
+def _untie_output_head(async_grpo_trainer) -> None:
+    """FSDP2 cannot place one parameter in two shard groups, and accelerate shards embed_tokens apart from the root
+    that holds lm_head: a model with tied embeddings (Qwen2.5-Math-1.5B) dies in prepare ("is shared with a
+    parameter already managed by another FSDP group"). Give lm_head its own copy when the model is created. Numerically
+    inert for LoRA, which trains neither; the replicas keep serving the original tied checkpoint."""
+    import torch
+
+    create = async_grpo_trainer.create_model_from_path
+
+    def create_untied(model_id, **kwargs):
+        model = create(model_id, **kwargs)
+        if getattr(model.config, "tie_word_embeddings", False):
+            model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+            model.config.tie_word_embeddings = False
+        return model
+
+    async_grpo_trainer.create_model_from_path = create_untied
+
+
+def build_trainer(plan: dict[str, Any], dataset, rewards):
     inputs, args = plan["trainer_inputs"], plan["trainer_args"]
-    dataset = load_training_dataset(inputs["data"], args["seed"])
-    rewards = [load_reward(r["target"]) for r in inputs["rewards"]]
     common = dict(model=inputs["model"], reward_funcs=rewards, train_dataset=dataset,
                   peft_config=_peft_config(inputs["lora"]), callbacks=[_metrics_callback(Path(METRICS_FILE))])
     if plan["trainer_class"] == "AsyncGRPOConfig":
-        from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+        from transformers import AutoTokenizer
+        from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer
 
-        return AsyncGRPOTrainer(args=AsyncGRPOConfig(**args), **common)
+        from grpo_launch.response_templates import ensure_response_template
+        from grpo_launch.tree_attention import use_sdpa_tree_attention
+
+        if inputs["attn_implementation"] == "sdpa":
+            use_sdpa_tree_attention()
+        _untie_output_head(async_grpo_trainer)
+        tokenizer = AutoTokenizer.from_pretrained(inputs["model"])
+        ensure_response_template(tokenizer)
+        return AsyncGRPOTrainer(args=AsyncGRPOConfig(**args), processing_class=tokenizer, **common)
     from trl import GRPOConfig, GRPOTrainer
 
     return GRPOTrainer(args=GRPOConfig(**args), **common)
@@ -87,9 +113,17 @@ def _allow_indexed_cpu_locations() -> None:
 def train(plan: dict[str, Any]) -> None:
     from transformers.trainer_utils import get_last_checkpoint
 
+    inputs = plan["trainer_inputs"]
+    dataset = load_training_dataset(inputs["data"], plan["trainer_args"]["seed"],
+                                    chat=plan["trainer_class"] == "AsyncGRPOConfig")
+    rewards = [load_reward(r["target"]) for r in inputs["rewards"]]
     if plan["accelerator"] == "cpu":
+        if plan["trainer_class"] == "AsyncGRPOConfig":  # AsyncGRPOTrainer needs CUDA: see grpo_launch.async_cpu
+            from grpo_launch.async_cpu import train_on_cpu
+
+            return train_on_cpu(plan, dataset, rewards, _peft_config(inputs["lora"]), Path(METRICS_FILE))
         _allow_indexed_cpu_locations()
-    trainer = build_trainer(plan)
+    trainer = build_trainer(plan, dataset, rewards)
     state = trainer.accelerator.state
     print(f"[grpo-launch] rank {state.process_index} of {state.num_processes} ({state.distributed_type}, "
           f"{state.device})", flush=True)

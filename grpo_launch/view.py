@@ -50,7 +50,9 @@ def _processes(plan: Plan) -> Table:
 def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None = None) -> None:
     console = console or Console(highlight=False)
     devices = "CPU process" if plan.accelerator == "cpu" else f"GPU ({plan.gpu_type} {plan.gpu_memory_gib:g}GB)"
-    zero = f"ZeRO-{plan.zero_stage}" if plan.zero_stage else ("FSDP2" if plan.placement == "async-lora" else "DDP")
+    distributed = plan.files["accelerate.yaml"]["distributed_type"]
+    zero = f"ZeRO-{plan.zero_stage}" if plan.zero_stage else {"FSDP": "FSDP2", "MULTI_GPU": "DDP"}.get(distributed,
+                                                                                                      "1 process")
     console.print(f"[bold]{plan.recipe}[/] · placement={plan.placement} · {plan.nodes} node × "
                   f"{plan.gpus_per_node} {devices} · {zero} · {plan.launcher} · {plan.world_size} trainer "
                   f"rank(s)")

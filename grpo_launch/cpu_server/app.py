@@ -35,6 +35,8 @@ async def _api_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     try:
         return await handler(request)
     except ApiError as error:
+        # vLLM logs rejected requests too: a client that retries on errors otherwise hides why.
+        logger.warning("%s %s -> %d: %s", request.method, request.path, error.status, error.message)
         return web.json_response(error.body(), status=error.status)
 
 
@@ -94,6 +96,9 @@ class CpuServer:
         except Exception as error:  # e.g. an evicted adapter whose directory is gone by the time it is reloaded
             logger.exception("generation failed")
             raise ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(error).__name__}: {error}") from error
+        # Which policy version answered: what an async run's log is read for.
+        logger.info("served %d completion(s) of %d prompt(s) with %s", completion.n * len(completion.prompts),
+                    len(completion.prompts), model_name)
         return web.json_response(completion_response(completion, model_name, outputs, self.engine))
 
     async def load_lora_adapter(self, request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ from grpo_launch.plan.common import (
     PlacementResult,
     base_env,
     model_path,
-    require_vllm_on_gpus,
+    require_servers,
     vllm_serve_argv,
 )
 from grpo_launch.plan.layout import dedicated_layout
@@ -26,6 +26,10 @@ CONFIG_CLASS = "AsyncGRPOConfig"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_REPLICAS = 2
 ADAPTER_SUBDIR = ".vllm_lora"  # AsyncGRPOTrainer writes trl-policy-vN under <output_dir>/.vllm_lora
+ADAPTER_NAME = "trl-policy"    # ... versioned as trl-policy-v1, -v2, ...
+# AsyncGRPOTrainer always runs TRL's tree attention; this picks its kernel (grpo_launch.tree_attention).
+TREE_ATTENTION_KERNELS = {None: "flash-attn3 (kernels-community, downloaded from the hub)",
+                          "sdpa": "torch SDPA (grpo-launch, no download)"}
 UNSERVABLE_TARGETS = ("lm_head", "embed_tokens")  # TRL falls back to full-weight NCCL sync for these
 
 
@@ -50,7 +54,7 @@ def _lora_rank_slot(config) -> int:
 def plan(ctx: Context) -> PlacementResult:
     config = ctx.config
     v, lora = config.vllm, config.lora
-    require_vllm_on_gpus(config, "async-lora")
+    require_servers(config, "async-lora")
     if not lora.enabled:
         raise UserError("placement async-lora syncs a LoRA adapter but lora.enabled=false", key="lora.enabled",
                         hint="set lora.enabled=true (and lora.r), or use placement=server for full-weight sync")
@@ -62,6 +66,15 @@ def plan(ctx: Context) -> PlacementResult:
     if config.zero.stage:
         raise UserError(f"zero.stage={config.zero.stage}: AsyncGRPOTrainer trains with FSDP2 only, not DeepSpeed",
                         key="zero.stage", hint="choose zero=0; the plan writes an FSDP2 accelerate config")
+    if config.proxy.api_key_env:
+        raise UserError("proxy.api_key_env makes the proxy require a key that TRL's async client never sends, so "
+                        "the trainer could not reach it", key="proxy.api_key_env",
+                        hint="keep the proxy on 127.0.0.1 without a client key for async-lora; a standalone "
+                             "`grpo proxy --api-key-env NAME` serves keyed outside clients")
+    if config.model.attn_implementation not in TREE_ATTENTION_KERNELS:
+        raise UserError(f"model.attn_implementation={config.model.attn_implementation}: AsyncGRPOTrainer always runs "
+                        f"TRL's tree attention; only its kernel can be chosen", key="model.attn_implementation",
+                        hint="leave it null (FlashAttention-3 from the hub, Hopper GPUs) or set sdpa (no download)")
     if config.launcher != "accelerate":
         raise UserError("async-lora needs launcher=accelerate: its FSDP2 setup comes from the accelerate config",
                         key="launcher", hint="set launcher=accelerate")
@@ -101,13 +114,9 @@ def plan(ctx: Context) -> PlacementResult:
     argv += ["--block-size", str(v.block_size), "--imbalance", str(p.imbalance),
              "--max-tracked-blocks", str(p.max_tracked_blocks), "--lora-load-timeout-s", str(p.lora_load_timeout_s),
              "--tokenizer", model_path(config)]
-    secrets = []
-    if p.api_key_env:
-        argv += ["--api-key-env", p.api_key_env]
-        secrets.append(p.api_key_env)
+    secrets = (p.upstream_api_key_env,) if p.upstream_api_key_env else ()
     if p.upstream_api_key_env:
         argv += ["--upstream-api-key-env", p.upstream_api_key_env]
-        secrets.append(p.upstream_api_key_env)
     services.append(ProcessSpec(
         name="proxy", role="proxy", node=proxy_node, gpus=(), argv=tuple(argv), env=base_env(config, ()),
         pass_env=tuple(dict.fromkeys([*config.env.passthrough, *secrets])), port=proxy_port,
@@ -121,10 +130,15 @@ def plan(ctx: Context) -> PlacementResult:
                             f"{proxy_node}: set trainer.output_dir to an absolute path on storage every node "
                             f"mounts at the same place")
     args = {"vllm_server_base_url": proxy_url}
-    summary = {"enabled": True, "engine": "vllm serve (one per replica)", "tensor_parallel_size":
+    engine = "vllm serve" if v.server == "vllm" else "CPU smoke-test engine (not vLLM)"
+    summary = {"enabled": True, "engine": f"{engine}, one per replica", "tensor_parallel_size":
                v.tensor_parallel_size, "data_parallel_size": replicas, "sleep_level": 0,
                "gpu_memory_utilization": utilization, "max_model_len": v.max_model_len, "max_loras": max_loras,
                "max_lora_rank": rank_slot, "block_size": v.block_size, "proxy_url": proxy_url,
                "adapter_dir": adapter_dir, "max_staleness": staleness}
+    if config.cluster.accelerator == "cuda":
+        summary["tree_attention"] = TREE_ATTENTION_KERNELS[config.model.attn_implementation]
     return PlacementResult(layout=layout, engines=engines, services=services, trainer_args=args,
-                           trainer_depends_on=("proxy",), vllm=summary, fsdp2=True)
+                           trainer_depends_on=("proxy",), vllm=summary,
+                           # AsyncGRPOTrainer trains with FSDP2; the CPU stand-in (grpo_launch.async_cpu) does not.
+                           fsdp2=config.cluster.accelerator == "cuda")

@@ -122,11 +122,15 @@ def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...])
     return out
 
 
+SERVER_COMMANDS = {"vllm": ("vllm", "serve"), "cpu-smoke": ("python", "-m", "grpo_launch.cpu_server")}
+
+
 def vllm_serve_argv(config: Config, *, bind: str, port: int, gpu_memory_utilization: float,
                     extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """`vllm serve` with the flags TRL 1.16's trainers need (what `trl vllm-serve` would exec)."""
+    """`vllm serve` with the flags TRL 1.16's trainers need (what `trl vllm-serve` would exec); the CPU smoke
+    engine takes the same flags."""
     v, m = config.vllm, config.model
-    argv = ["vllm", "serve", model_path(config), "--host", bind, "--port", str(port),
+    argv = [*SERVER_COMMANDS[v.server], model_path(config), "--host", bind, "--port", str(port),
             "--tensor-parallel-size", str(v.tensor_parallel_size),
             "--gpu-memory-utilization", str(gpu_memory_utilization), "--dtype", m.dtype]
     if m.revision is not None:
@@ -144,16 +148,18 @@ def vllm_serve_argv(config: Config, *, bind: str, port: int, gpu_memory_utilizat
     return tuple(argv) + extra + tuple(v.extra_args)
 
 
-def require_vllm_on_gpus(config: Config, placement: str) -> None:
+def require_servers(config: Config, placement: str) -> None:
+    """A placement that generates with servers needs them enabled, and vLLM itself needs GPUs."""
     if not config.vllm.enabled:
         raise UserError(f"placement {placement} generates with vLLM servers but vllm.enabled=false",
                         key="vllm.enabled", hint="set vllm.enabled=true, or use placement=colocate to generate "
                                                  "with transformers inside the trainer")
-    if config.cluster.accelerator == "cpu":
+    if config.cluster.accelerator == "cpu" and config.vllm.server == "vllm":
+        hint = "pick a GPU cluster (cluster=1x8-h100-80gb), or placement=colocate with vllm.enabled=false on CPU"
+        if placement == "async-lora":
+            hint += ", or vllm.server=cpu-smoke (the CPU smoke-test engine)"
         raise UserError(f"placement {placement} runs vLLM servers, which need GPUs (cluster.accelerator=cpu)",
-                        key="cluster.accelerator",
-                        hint="pick a GPU cluster (cluster=1x8-h100-80gb), or placement=colocate with "
-                             "vllm.enabled=false on CPU")
+                        key="cluster.accelerator", hint=hint)
     if config.vllm.sleep_level:
         raise UserError(f"vllm.sleep_level={config.vllm.sleep_level} only applies to placement=colocate: a "
                         f"server keeps its own GPUs", key="vllm.sleep_level", hint="set vllm.sleep_level=0")

@@ -8,7 +8,7 @@ rank 0 hosts the NCCL rendezvous on `vllm.group_port`, which must be free on its
 from __future__ import annotations
 
 from grpo_launch.errors import UserError
-from grpo_launch.plan.common import Context, PlacementResult, base_env, require_vllm_on_gpus, vllm_serve_argv
+from grpo_launch.plan.common import Context, PlacementResult, base_env, require_servers, vllm_serve_argv
 from grpo_launch.plan.layout import dedicated_layout
 from grpo_launch.plan.types import Engine, ProcessSpec
 
@@ -19,7 +19,11 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # the GPUs are vLLM's alone
 def plan(ctx: Context) -> PlacementResult:
     config = ctx.config
     v = config.vllm
-    require_vllm_on_gpus(config, "server")
+    require_servers(config, "server")
+    if v.server != "vllm":
+        raise UserError(f"vllm.server={v.server} cannot take the NCCL weight updates of placement=server",
+                        key="vllm.server", hint="use vllm.server=vllm, or placement=async-lora (adapters travel as "
+                                                "files)")
     if v.data_parallel_size not in (None, 1):
         raise UserError(f"vllm.data_parallel_size={v.data_parallel_size}: TRL 1.16's server mode talks to one "
                         f"server, and vLLM's --data-parallel-size does not take NCCL weight updates for dense "

@@ -58,6 +58,7 @@ def model_args(config: Config, config_class: str) -> dict[str, Any]:
     args: dict[str, Any] = {"trust_remote_code": m.trust_remote_code}
     if config_class == "AsyncGRPOConfig":
         args["dtype"] = m.dtype  # AsyncGRPOConfig has its own dtype field (match `vllm serve --dtype`)
+        init.pop("attn_implementation", None)  # the trainer always uses tree attention; the kernel is an input
     else:
         init["dtype"] = m.dtype
     if init:
@@ -89,7 +90,8 @@ def build_trainer_inputs(config: Config, model: str) -> dict[str, Any]:
     lora = dataclasses.asdict(config.lora) if config.lora.enabled else None
     rewards = [{"fn": r.fn, "target": builtins.reward_target(r.fn, f"rewards[{i}].fn"), "weight": r.weight}
                for i, r in enumerate(config.rewards)]
-    return {"model": model, "data": dataclasses.asdict(config.data), "rewards": rewards, "lora": lora}
+    return {"model": model, "data": dataclasses.asdict(config.data), "rewards": rewards, "lora": lora,
+            "attn_implementation": config.model.attn_implementation}
 
 
 def _smallest_multiple(start: int, step_ok) -> int:
