@@ -22,7 +22,7 @@ EXAMPLES = """
 
 @app.command(epilog=EXAMPLES)
 def plan(
-    overrides: list[str] | None = typer.Argument(  # noqa: UP007 (typer needs Optional)
+    overrides: list[str] | None = typer.Argument(
         None, metavar="[recipe=NAME] [KEY=VALUE]...",
         help="Hydra overrides: recipe=NAME, a group option (placement=server, zero=3-offload, cluster=...), "
              "or any key (vllm.tensor_parallel_size=4, trainer.learning_rate=1e-6)."),
@@ -33,7 +33,7 @@ def plan(
                                  "three layouts that fit in memory, with the overrides to apply."),
     force: bool = typer.Option(False, "--force", help="Plan a layout even when the memory estimate says it does "
                                "not fit."),
-    recipes_dir: list[str] | None = RecipesDirOption,  # noqa: UP007
+    recipes_dir: list[str] | None = RecipesDirOption,
 ) -> None:
     """Resolve a recipe into the plan: each GPU's role, each process's command and environment, the files."""
     from grpo_launch.compose import compose

@@ -35,13 +35,13 @@ def proxy(
                                                           "see the adapter directory (shared storage lag)."),
     request_timeout_s: float = typer.Option(600.0, help="Longest a replica may take to answer one request."),
     health_interval_s: float = typer.Option(2.0, help="Seconds between /health probes of each replica."),
-    tokenizer: str | None = typer.Option(None, metavar="ID_OR_PATH",  # noqa: UP007
+    tokenizer: str | None = typer.Option(None, metavar="ID_OR_PATH",
                                          help="Model id or local tokenizer path, to route text prompts by "
                                               "prefix (token-id prompts need none)."),
-    api_key_env: str | None = typer.Option(None, metavar="NAME",  # noqa: UP007
+    api_key_env: str | None = typer.Option(None, metavar="NAME",
                                            help="Environment variable holding the key clients must send as "
                                                 "'Authorization: Bearer <key>' on every path."),
-    upstream_api_key_env: str | None = typer.Option(None, metavar="NAME",  # noqa: UP007
+    upstream_api_key_env: str | None = typer.Option(None, metavar="NAME",
                                                     help="Environment variable holding the key sent to the "
                                                          "replicas (their --api-key)."),
 ) -> None:

@@ -25,7 +25,7 @@ app.add_typer(recipes_app, name="recipes")
 
 
 @recipes_app.callback()
-def recipes_list(ctx: typer.Context, recipes_dir: list[str] | None = RecipesDirOption) -> None:  # noqa: UP007
+def recipes_list(ctx: typer.Context, recipes_dir: list[str] | None = RecipesDirOption) -> None:
     """List the recipes on the search path (user recipes shadow shipped ones of the same name)."""
     if ctx.invoked_subcommand is not None:
         ctx.obj = recipes_dir or []
@@ -48,7 +48,7 @@ def recipes_list(ctx: typer.Context, recipes_dir: list[str] | None = RecipesDirO
 def recipes_show(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Recipe name."),
-    overrides: list[str] | None = typer.Argument(None, metavar="[KEY=VALUE]...",  # noqa: UP007
+    overrides: list[str] | None = typer.Argument(None, metavar="[KEY=VALUE]...",
                                                     help="Hydra overrides applied on top."),
 ) -> None:
     """Print a recipe's composed YAML: groups merged, overrides applied, every key's value."""
@@ -71,7 +71,7 @@ def recipes_new(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Name of the new recipe."),
     source: str = typer.Option(..., "--from", help="Recipe to copy."),
-    to: Path | None = typer.Option(None, "--to", help="Recipes directory to write into; default: the user "  # noqa: UP007
+    to: Path | None = typer.Option(None, "--to", help="Recipes directory to write into; default: the user "
                                                        "directory (~/.config/grpo-launch/recipes)."),
 ) -> None:
     """Copy a recipe into a user directory to edit (like `tune cp`); it then shadows nothing and is found by name."""

@@ -17,6 +17,7 @@ EXAMPLES = """
   grpo run --dry-run recipe=qwen72b-colocate       print every command and file, write nothing
   grpo run --resume runs/tiny-cpu/20261129-171500  continue from its newest checkpoint
   grpo run --resume runs/tiny-cpu/20261129-171500 trainer.max_steps=40 --force
+  grpo run recipe=tiny-cpu-async-lora              proxy + 2 CPU replicas, LoRA adapter versions through the proxy
 """
 
 
@@ -51,16 +52,17 @@ def _resume_inputs(run_dir: Path, overrides: list[str], recipes_dir: list[str]) 
 
 @app.command(epilog=EXAMPLES)
 def run(
-    overrides: list[str] | None = typer.Argument(  # noqa: UP007
+    overrides: list[str] | None = typer.Argument(
         None, metavar="[recipe=NAME] [KEY=VALUE]...", help="Hydra overrides, as for `grpo plan`."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every command and file; write and start nothing."),
-    resume: Path | None = typer.Option(  # noqa: UP007
+    resume: Path | None = typer.Option(
         None, "--resume", metavar="RUN_DIR", help="Continue a run from its newest checkpoint, with the same config "
                                                   "(its stored overrides when you give none)."),
-    force: bool = typer.Option(False, "--force", help="With --resume: accept a config that changed since the run."),
+    force: bool = typer.Option(False, "--force", help="Launch even when the memory estimate says the layout does not "
+                               "fit; with --resume, also accept a config that changed since the run."),
     node_rank: int = typer.Option(0, "--node-rank", help="On a multi-node plan, start this node's processes."),
     grace_s: float = typer.Option(15.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping."),
-    recipes_dir: list[str] | None = RecipesDirOption,  # noqa: UP007
+    recipes_dir: list[str] | None = RecipesDirOption,
 ) -> None:
     """Train: write the run directory, start every process of the plan in order, stop them all together."""
     from rich.console import Console
@@ -76,6 +78,10 @@ def run(
         overrides, dirs = _resume_inputs(resume, overrides, dirs)
     composed = compose(overrides, dirs)
     the_plan = build_plan(composed)
+    if not force:
+        from grpo_launch.memory.advisor import check_fit
+
+        check_fit(composed, the_plan)  # an out-of-memory layout fails here, not twenty minutes into the run
     if not 0 <= node_rank < the_plan.nodes:
         raise UserError(f"--node-rank {node_rank} is not a node of this plan (0..{the_plan.nodes - 1})",
                         key="--node-rank")

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from grpo_launch.errors import UserError
+from grpo_launch.plan.common import VLLM_LORA_RANKS as LORA_RANKS
 
 PROG = "python -m grpo_launch.cpu_server"
-# The ranks vLLM's --max-lora-rank accepts (vllm/config/lora.py).
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DTYPES = {"auto": "auto", "float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16",
           "half": "float16"}
 # vLLM's processed_* modes report the distribution actually sampled from; *_logits modes return unnormalised values,
