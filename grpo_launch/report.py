@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +41,27 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             "reward_last_quarter": round(last, 4), "reward_final": round(rewards[-1], 4)}
 
 
-def plot(run_dir: Path, records: list[dict[str, Any]], title: str) -> Path | None:
-    panels = [(key, label) for key, label in PANELS if any(key in r for r in records)]
-    if not panels:
-        return None
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def preload_plotting() -> threading.Thread:
+    """Import matplotlib (about half a second) in the background while the run trains, not after it."""
+    thread = threading.Thread(target=_pyplot, name="preload-matplotlib", daemon=True)
+    thread.start()
+    return thread
+
+
+def plot(run_dir: Path, records: list[dict[str, Any]], title: str) -> Path | None:
+    panels = [(key, label) for key, label in PANELS if any(key in r for r in records)]
+    if not panels:
+        return None
+    plt = _pyplot()
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     for ax, (key, label) in zip(axes[0], panels, strict=True):

@@ -122,6 +122,7 @@ def _launch(composed, the_plan, dirs, resume, node_rank, grace_s, console) -> No
     check_ports_free(plan_json, node_rank)
     run_dir = materialize(composed, the_plan, dirs, run_dir=resume).resolve()
     console.print(f"[bold]run directory[/] {run_dir}")
+    report.preload_plotting()
     code = supervise(plan_json, run_dir, node=node_rank, grace_s=grace_s, console=console)
     records = report.read_metrics(run_dir)
     if records:
