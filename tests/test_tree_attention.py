@@ -24,6 +24,25 @@ def naive_segment_attention(q, k, v, scale, causal, left):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double())
 
 
+def twin_models(seed: int):
+    """The same tiny Qwen2 twice: with plain SDPA attention, and with TRL's tree attention on the SDPA kernel."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from trl.experimental.async_grpo.packing import TREE_ATTENTION, register_tree_attention
+
+    from grpo_launch.tree_attention import use_sdpa_tree_attention
+
+    register_tree_attention()
+    use_sdpa_tree_attention()
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    plain = Qwen2ForCausalLM(config).eval()
+    tree = Qwen2ForCausalLM(copy.deepcopy(config)).eval()  # its own config: the attention setting lives there
+    tree.load_state_dict(plain.state_dict())
+    tree.config._attn_implementation = TREE_ATTENTION
+    return plain, tree
+
+
 @pytest.mark.parametrize(("heads", "kv_heads", "window"), [(4, 4, -1), (4, 2, -1), (6, 2, 3)])
 def test_varlen_matches_the_definition(heads, kv_heads, window):
     torch.manual_seed(0)
@@ -44,20 +63,7 @@ def test_varlen_matches_the_definition(heads, kv_heads, window):
 def test_packed_rows_through_trl_match_a_plain_forward():
     """A tiny Qwen2 model run through TRL's tree attention (with this kernel) on two packed samples gives the same
     logits as plain SDPA attention on each sample alone."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    from trl.experimental.async_grpo.packing import TREE_ATTENTION, register_tree_attention
-
-    from grpo_launch.tree_attention import use_sdpa_tree_attention
-
-    register_tree_attention()
-    use_sdpa_tree_attention()
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    plain = Qwen2ForCausalLM(config).eval()
-    tree = Qwen2ForCausalLM(copy.deepcopy(config)).eval()
-    tree.load_state_dict(plain.state_dict())
-    tree.config._attn_implementation = TREE_ATTENTION
+    plain, tree = twin_models(seed=0)
     a, b = torch.randint(0, 50, (7,)), torch.randint(0, 50, (5,))
     lens = torch.tensor([0, 7, 12], dtype=torch.int32)
     with torch.no_grad():
@@ -71,20 +77,7 @@ def test_packed_rows_through_trl_match_a_plain_forward():
 
 def test_shared_prompt_tree_matches_plain_forwards():
     """One prompt, two completions, packed as a tree (the second completion reuses the prompt's keys)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    from trl.experimental.async_grpo.packing import TREE_ATTENTION, register_tree_attention
-
-    from grpo_launch.tree_attention import use_sdpa_tree_attention
-
-    register_tree_attention()
-    use_sdpa_tree_attention()
-    torch.manual_seed(1)
-    config = Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    plain = Qwen2ForCausalLM(config).eval()
-    tree = Qwen2ForCausalLM(copy.deepcopy(config)).eval()
-    tree.load_state_dict(plain.state_dict())
-    tree.config._attn_implementation = TREE_ATTENTION
+    plain, tree = twin_models(seed=1)
     prompt, first, second = torch.randint(0, 50, (4,)), torch.randint(0, 50, (3,)), torch.randint(0, 50, (2,))
     with torch.no_grad():
         packed = tree(input_ids=torch.cat([prompt, first, second])[None],
