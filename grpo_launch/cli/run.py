@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from grpo_launch.cli import RecipesDirOption, app
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from grpo_launch.compose import Composed
+    from grpo_launch.plan import Plan
 
 EXAMPLES = """
 [bold]Examples[/]
@@ -113,7 +120,8 @@ def run(
     _launch(composed, the_plan, dirs, resume, node_rank, grace_s, console)
 
 
-def _launch(composed, the_plan, dirs, resume, node_rank, grace_s, console) -> None:
+def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | None, node_rank: int,
+            grace_s: float, console: Console) -> None:
     from grpo_launch import report
     from grpo_launch.materialize import materialize
     from grpo_launch.supervisor import check_ports_free, supervise

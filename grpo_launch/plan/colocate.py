@@ -24,8 +24,10 @@ def plan(ctx: Context) -> PlacementResult:
         if v.sleep_level:
             raise UserError(f"vllm.sleep_level={v.sleep_level} needs vLLM (vllm.enabled=false)",
                             key="vllm.sleep_level", hint="set vllm.sleep_level=0")
+        summary = {"enabled": False, "engine": "transformers (in-process)", "tensor_parallel_size": None,
+                   "data_parallel_size": None, "sleep_level": 0, "gpu_memory_utilization": None, "max_model_len": None}
         return PlacementResult(layout=layout, engines=[], services=[], trainer_args={"use_vllm": False},
-                               trainer_depends_on=(), vllm={"enabled": False, "engine": "transformers (in-process)"})
+                               trainer_depends_on=(), vllm=summary)
     if config.cluster.accelerator == "cpu":
         raise UserError("vLLM needs GPUs but cluster.accelerator=cpu", key="vllm.enabled",
                         hint="set vllm.enabled=false: the trainer then generates with transformers")
