@@ -17,6 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from grpo_launch.compose import compose
+from grpo_launch.plan import build_plan
+
 ROUNDS = 3
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -54,10 +57,9 @@ def compare(work: Path, model: Path, steps: int) -> tuple[float, float]:
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
-    model = work / "model"
-    subprocess.run([sys.executable, "-m", "grpo_launch.tiny_model", "--out", str(model), "--hidden-size", "64",
-                    "--num-layers", "2", "--num-heads", "4", "--num-kv-heads", "2",
-                    "--max-position-embeddings", "128", "--seed", "42"], check=True, capture_output=True)
+    model = work / "model"  # where the recipe's build step writes (--out model, relative to the run directory)
+    (build_model,) = build_plan(compose(["recipe=tiny-cpu"])).prepare  # the recipe's own model, built once
+    subprocess.run([sys.executable, *build_model.argv[1:]], cwd=work, check=True, capture_output=True)
     timed([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", str(HERE / "plain_grpo.py"),
            str(model), "2", str(work / "warmup")], work)  # file caches, compiled bytecode
     for steps in (20, 100):  # the recipe's 20 steps, then a longer run: grpo-launch's cost is fixed, not per step

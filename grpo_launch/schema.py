@@ -309,16 +309,3 @@ def schema_keys(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, An
             default = REQUIRED
         out.append((path, tp, default, dict(f.metadata)))
     return out
-
-
-def section_type(path: str) -> Any:
-    """The schema type at a dotted path (e.g. 'vllm.sleep_level'), or None when the path is not in the schema."""
-    tp: Any = Config
-    for part in path.split("."):
-        if not dataclasses.is_dataclass(tp):
-            return None
-        hints = typing.get_type_hints(tp)
-        if part not in hints:
-            return None
-        tp = hints[part]
-    return tp

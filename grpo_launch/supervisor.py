@@ -41,6 +41,7 @@ from grpo_launch.rundir import LOGS_DIR, METRICS_FILE
 
 COLORS = ("green", "magenta", "cyan", "yellow", "blue", "bright_red", "bright_green", "bright_magenta")
 TAIL_LINES = 25
+DEFAULT_READY_TIMEOUT_S = 600.0  # for a readiness URL whose process names no timeout
 EXIT_INTERRUPTED = 130
 
 
@@ -118,10 +119,9 @@ class Supervisor:
         self.console = console or Console(highlight=False)
         self.children = [Child(spec, COLORS[i % len(COLORS)]) for i, spec in
                          enumerate(p for p in plan["processes"] if p["node"] == node)]
-        self.remote_ready = {p["name"]: p.get("ready_url") for p in plan["processes"] if p["node"] != node}
+        self.remote = {p["name"]: p for p in plan["processes"] if p["node"] != node}  # waited for by URL only
         self.interrupts = 0
         self.stop_requested = asyncio.Event()
-        self.status_line = ""
 
     # -- output -------------------------------------------------------------------------------------------------
     def say(self, message: str, style: str = "bold") -> None:
@@ -169,7 +169,10 @@ class Supervisor:
         gpus = ",".join(map(str, spec["gpus"])) or "-"
         self.say(f"started {child.name} (pid {child.process.pid}, GPUs {gpus})", style=child.color)
 
-    async def _wait_ready(self, name: str, url: str, timeout: float, child: Child | None) -> None:
+    async def _wait_ready(self, spec: dict[str, Any], child: Child | None) -> None:
+        """Poll `spec`'s readiness URL until it answers 200; fail if `child` (when it runs here) exits first."""
+        name, url = spec["name"], spec["ready_url"]
+        timeout = spec["ready_timeout_s"] or DEFAULT_READY_TIMEOUT_S
         deadline = time.monotonic() + timeout
         started = time.monotonic()
         with self.console.status(f"waiting for {name} at {url}") as status:
@@ -207,9 +210,8 @@ class Supervisor:
             for dep in child.spec["depends_on"]:
                 if dep in by_name:
                     await self._ensure_ready(by_name[dep])
-                elif self.remote_ready.get(dep):
-                    remote = next(p for p in self.plan["processes"] if p["name"] == dep)
-                    await self._wait_ready(dep, remote["ready_url"], remote["ready_timeout_s"] or 600, None)
+                elif self.remote[dep].get("ready_url"):
+                    await self._wait_ready(self.remote[dep], None)
             if child.spec["start_delay_s"]:
                 await self._sleep_or_stop(child.spec["start_delay_s"])
             if self.stop_requested.is_set():
@@ -219,7 +221,7 @@ class Supervisor:
     async def _ensure_ready(self, child: Child) -> None:
         if child.ready.is_set() or not child.spec.get("ready_url"):
             return
-        await self._wait_ready(child.name, child.spec["ready_url"], child.spec["ready_timeout_s"] or 600, child)
+        await self._wait_ready(child.spec, child)
         child.ready.set()
 
     async def watch(self) -> int:

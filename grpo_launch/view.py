@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import shlex
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from grpo_launch.memory.view import print_memory
 from grpo_launch.plan.documents import document_text
-from grpo_launch.plan.types import Plan, ProcessSpec
+from grpo_launch.plan.launch_script import command_line
+from grpo_launch.plan.types import Plan
 
 ROLE_STYLE = {"trainer": "green", "vllm": "magenta", "replica": "magenta", "proxy": "cyan", "idle": "dim"}
 
@@ -29,11 +28,6 @@ def _grid(plan: Plan) -> Table:
     for node, row in enumerate(plan.gpu_map):
         table.add_row(f"node {node}", *(Text(label.replace(" + ", "\n"), style=_cell_style(label)) for label in row))
     return table
-
-
-def command_line(p: ProcessSpec) -> str:
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items())
-    return f"{env} {shlex.join(p.argv)}".strip()
 
 
 def _processes(plan: Plan) -> Table:

@@ -1,5 +1,6 @@
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -11,6 +12,13 @@ def isolated_config_home(tmp_path, monkeypatch):
     """Keep the developer's ~/.config/grpo-launch and $GRPO_RECIPES_PATH out of every test."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("GRPO_RECIPES_PATH", raising=False)
+
+
+def free_port() -> int:
+    """A port nothing listens on right now, on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def grpo(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,11 +16,13 @@ from types import SimpleNamespace
 
 import pytest
 import requests
+from conftest import free_port
 
 from grpo_launch import tiny_model
+from grpo_launch.schema import TinyModel
 
 REPO = Path(__file__).resolve().parents[1]
-TINY_SHAPE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "max_position_embeddings": 128}
+TINY_SHAPE = dataclasses.asdict(TinyModel())  # the built-in tiny model's default shape
 SERVED = "tiny"
 MAX_MODEL_LEN = 96
 STARTUP_TIMEOUT_S = 120.0
@@ -47,16 +49,10 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return {**base, "PYTHONPATH": pythonpath, **extra}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _serving(model_dir: Path, log_path: Path, flags: tuple[str, ...], env: dict[str, str]) -> Iterator[str]:
     """Start the server, wait for /health, yield its URL; always stop it (SIGTERM, then SIGKILL)."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with log_path.open("w") as log:
         process = subprocess.Popen(_server_command(str(model_dir), "--port", str(port), *flags),

@@ -13,19 +13,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import plan_json
+from conftest import free_port, plan_json
 from rich.console import Console
 
 from grpo_launch.errors import UserError
 from grpo_launch.supervisor import check_ports_free, supervise
 
 STANDINS = Path(__file__).parent / "standins"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_plan(tmp_path: Path, server_args: list[str], trainer_args: list[str], ready_timeout: float = 20):

@@ -104,7 +104,7 @@ def run(
     if dry_run:
         target = resume or new_run_dir(composed)
         console.print(f"[bold]would write[/] {target}/ (dry run: nothing is written or started)")
-        from grpo_launch.view import command_line
+        from grpo_launch.plan.launch_script import command_line
 
         for step in the_plan.prepare:
             console.print(f"[bold]prepare[/] {step.name}: {' '.join(step.argv)}", markup=True)

@@ -92,6 +92,7 @@ def build_plan(composed: Composed) -> Plan:
     world = layout.world_size
 
     args = build_trainer_args(config, placement.CONFIG_CLASS, result.trainer_args)
+    inputs = build_trainer_inputs(config, model_path(config))
     files: dict = {}
     if config.zero.stage:
         files[DEEPSPEED_FILE] = deepspeed_config(config)
@@ -129,7 +130,7 @@ def build_plan(composed: Composed) -> Plan:
         prepare=prepare,
         trainer_class=placement.CONFIG_CLASS,
         trainer_args=args,
-        trainer_inputs=build_trainer_inputs(config, model_path(config)),
+        trainer_inputs=inputs,
         batch=batch,
         warnings=tuple(ctx.warnings + _idle_warning(layout, config)),
     )

@@ -36,9 +36,10 @@ PY
 """
 
 
-def _command(p: ProcessSpec) -> str:
+def command_line(p: ProcessSpec) -> str:
+    """The process as a shell command: its environment assignments, then its argv, quoted."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items())
-    return f"env {env} {shlex.join(p.argv)}" if env else shlex.join(p.argv)
+    return f"{env} {shlex.join(p.argv)}".strip()
 
 
 def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], processes: Sequence[ProcessSpec],
@@ -58,9 +59,8 @@ def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], p
         lines.append(f'if [ "$NODE_RANK" = {p.node} ]; then')
         if p.start_delay_s:
             lines.append(f"  sleep {p.start_delay_s:g}")
-        var = "trainer_pid" if p.role == "trainer" else "last_pid"
-        lines.append(f"  setsid {_command(p)} > logs/{p.name}.log 2>&1 &")
-        lines.append(f"  {var}=$!; pids+=(\"${var}\")")
+        lines.append(f"  setsid {'env ' if p.env else ''}{command_line(p)} > logs/{p.name}.log 2>&1 &")
+        lines.append('  trainer_pid=$!; pids+=("$trainer_pid")' if p.role == "trainer" else '  pids+=("$!")')
         lines.append("fi")
     lines.append("# A trainer node ends with its trainer (and passes on its exit code); other nodes serve until "
                  "stopped.")

@@ -68,11 +68,6 @@ def model_args(config: Config, config_class: str) -> dict[str, Any]:
 
 def build_trainer_args(config: Config, config_class: str, placement_args: dict[str, Any]) -> dict[str, Any]:
     check_unmanaged(config.trainer)
-    for i, reward in enumerate(config.rewards):
-        builtins.reward_target(reward.fn, f"rewards[{i}].fn")
-    if not config.rewards:
-        raise UserError("the recipe has no reward function", key="rewards",
-                        hint="add one, e.g. rewards=[{fn:accuracy}] (built-ins: " + ", ".join(builtins.REWARDS) + ")")
     args: dict[str, Any] = {"output_dir": "checkpoints"}
     if config.cluster.accelerator == "cpu":
         args.update(use_cpu=True, bf16=False)  # TRL defaults to bf16; CPU runs use float32
@@ -87,6 +82,9 @@ def build_trainer_args(config: Config, config_class: str, placement_args: dict[s
 
 def build_trainer_inputs(config: Config, model: str) -> dict[str, Any]:
     """What the trainer entrypoint builds besides the TRL arguments (it reads plan.json, never the recipe)."""
+    if not config.rewards:
+        raise UserError("the recipe has no reward function", key="rewards",
+                        hint="add one, e.g. rewards=[{fn:accuracy}] (built-ins: " + ", ".join(builtins.REWARDS) + ")")
     lora = dataclasses.asdict(config.lora) if config.lora.enabled else None
     rewards = [{"fn": r.fn, "target": builtins.reward_target(r.fn, f"rewards[{i}].fn"), "weight": r.weight}
                for i, r in enumerate(config.rewards)]
