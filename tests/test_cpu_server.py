@@ -18,8 +18,8 @@ import pytest
 import requests
 from conftest import free_port
 
-from grpo_launch import tiny_model
-from grpo_launch.schema import TinyModel
+from grpo_launch.compose.schema import TinyModel
+from grpo_launch.trainer import tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_SHAPE = dataclasses.asdict(TinyModel())  # the built-in tiny model's default shape
@@ -27,7 +27,7 @@ SERVED = "tiny"
 MAX_MODEL_LEN = 96
 STARTUP_TIMEOUT_S = 120.0
 LORA_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
-# The flags a plan passes to `vllm serve` for async-lora replicas (grpo_launch.plan.common.vllm_serve_argv).
+# The flags a plan passes to `vllm serve` for async-lora replicas (grpo_launch.plan.processes.vllm_serve_argv).
 LORA_FLAGS = ("--served-model-name", SERVED, "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32",
               "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.9",
               "--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
@@ -392,7 +392,7 @@ def test_trl_rollout_worker_gets_rollouts_from_versioned_adapters(lora_server, t
     from trl.experimental.async_grpo import async_rollout_worker
     from trl.experimental.async_grpo.async_grpo_trainer import save_lora_adapter
 
-    from grpo_launch.rewards import sevens
+    from grpo_launch.trainer.rewards import sevens
 
     # The worker's only use of vLLM is its HTTP API; it asks that the vllm package be installed all the same.
     monkeypatch.setattr(async_rollout_worker, "is_vllm_available", lambda: True)

@@ -3,7 +3,8 @@
 import json
 from pathlib import Path
 
-from grpo_launch import docs, trl_fields
+from grpo_launch.compose import trl_fields
+from grpo_launch.plan import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -15,7 +16,7 @@ def test_trl_field_list_matches_installed_trl():
     generated = trl_fields.generate()
     assert generated["trl_version"] == trl.__version__
     assert json.loads(trl_fields.FIELDS_FILE.read_text()) == json.loads(json.dumps(generated)), (
-        "regenerate with: python -m grpo_launch.trl_fields --write")
+        "regenerate with: python -m grpo_launch.compose.trl_fields --write")
 
 
 def test_removed_fields_are_really_gone():
@@ -24,5 +25,5 @@ def test_removed_fields_are_really_gone():
 
 
 def test_recipe_reference_is_current():
-    assert (ROOT / "docs" / "recipe-reference.md").read_text() == docs.reference_markdown(), (
-        "regenerate with: python -m grpo_launch.docs > docs/recipe-reference.md")
+    assert (ROOT / "docs" / "recipe-reference.md").read_text() == reference.reference_markdown(), (
+        "regenerate with: python -m grpo_launch.plan.reference > docs/recipe-reference.md")

@@ -5,8 +5,8 @@ import time
 import pytest
 
 from grpo_launch.compose import compose
-from grpo_launch.memory.advisor import Knobs, advise
 from grpo_launch.plan import build_plan
+from grpo_launch.plan.advisor import Knobs, advise
 
 GPU_RECIPES = ["qwen1.5b-async-lora", "qwen1.5b-colocate", "qwen1.5b-server", "qwen72b-colocate", "qwen72b-server",
                "qwen7b-colocate", "qwen7b-server"]

@@ -7,7 +7,7 @@ import sys
 import pytest
 from conftest import grpo, plan_json
 
-from grpo_launch.plan.async_lora import _lora_rank_slot
+from grpo_launch.plan.placements.async_lora import _lora_rank_slot
 
 
 def _procs(plan, role):
@@ -78,7 +78,7 @@ def test_colocate_tp_groups_follow_trl():
     plan = plan_json("recipe=qwen7b-colocate")
     assert [e["ranks"] for e in plan["engines"]] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert plan["gpu_map"][0][3] == "train 3 + vllm 1 tp1"
-    assert plan["batch"]["vllm_max_num_seqs"] == 4 * 2 * 2  # P x TP x steps_per_generation (TRL's sizing)
+    assert plan["vllm"]["max_num_seqs"] == 4 * 2 * 2  # P x TP x steps_per_generation (TRL's sizing)
 
 
 def test_torchrun_launcher_passes_deepspeed_json_to_trl():
@@ -86,7 +86,7 @@ def test_torchrun_launcher_passes_deepspeed_json_to_trl():
     (trainer,) = _procs(plan, "trainer")
     argv = trainer["argv"]
     assert argv[0] == "torchrun" and argv[argv.index("--nproc_per_node") + 1] == "6"
-    assert argv[-4:] == ["-m", "grpo_launch.train", "--run-dir", "."]
+    assert argv[-4:] == ["-m", "grpo_launch.trainer", "--run-dir", "."]
     assert plan["trainer_args"]["deepspeed"] == "deepspeed.json"
     assert "deepspeed" not in plan_json("recipe=qwen7b-server")["trainer_args"]  # accelerate reads its config
 
@@ -126,8 +126,12 @@ def test_secrets_pass_by_name_only(monkeypatch):
     assert "HF_TOKEN" in plan["files"]["launch.sh"] and "hf_secret" not in plan["files"]["launch.sh"]
 
 
-def test_plan_is_deterministic():
-    assert plan_json("recipe=qwen1.5b-async-lora") == plan_json("recipe=qwen1.5b-async-lora")
+@pytest.mark.parametrize("recipe", ["qwen1.5b-async-lora", "qwen72b-colocate"])
+def test_plan_is_deterministic(recipe):
+    """The same recipe gives the same plan in two processes with different hash seeds (no set or dict order
+    leaks into it)."""
+    outputs = [grpo("plan", f"recipe={recipe}", "--json", env={"PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    assert outputs[0] == outputs[1] and json.loads(outputs[0])["recipe"] == recipe
 
 
 @pytest.mark.parametrize("recipe", ["tiny-cpu", "qwen72b-colocate", "qwen7b-server", "qwen1.5b-async-lora"])

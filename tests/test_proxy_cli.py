@@ -25,7 +25,7 @@ def test_mistakes_are_user_errors_without_traceback():
     for args, words in (
             (["--replica", "http://127.0.0.1:8000", "--api-key-env", "GRPO_TEST_UNSET_KEY"], "is not set"),
             (["--replica", "localhost:8000"], "not a base URL"),
-            (["--replica", "http://127.0.0.1:8000", "--block-size", "0"], "at least 1"),
+            (["--replica", "http://127.0.0.1:8000", "--block-size", "0"], "--block-size must be >= 1, got 0"),
             (["--replica", "http://127.0.0.1:8000", "--tokenizer", "./no/such/dir"], "no such file")):
         result = grpo("proxy", *args, env={"GRPO_TEST_UNSET_KEY": ""})
         assert result.returncode == 2, args

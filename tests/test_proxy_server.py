@@ -121,7 +121,7 @@ def test_streaming_passes_through_event_by_event():
 
 
 def test_text_and_chat_prompts_are_tokenized_for_routing(tmp_path):
-    from grpo_launch import tiny_model
+    from grpo_launch.trainer import tiny_model
 
     async def scenario():
         tokenizer_dir = tmp_path / "tok"

@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 from conftest import grpo, plan_json
 
-from grpo_launch import recipes
 from grpo_launch.cli import main
+from grpo_launch.compose import recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.stem for p in (ROOT / "recipes" / "recipe").glob("*.yaml"))
@@ -28,6 +28,13 @@ def test_every_shipped_recipe_plans():
     assert len(SHIPPED) == 9
     for name in SHIPPED:
         assert plan_json(f"recipe={name}")["recipe"] == name
+
+
+def test_recipes_lists_exactly_the_shipped_recipes(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    assert main(["recipes"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]  # below the header
+    assert [row.split()[0] for row in rows] == SHIPPED
 
 
 def test_default_recipe_is_tiny_cpu():
@@ -92,11 +99,11 @@ def test_wheel_ships_the_recipes(tmp_path):
                     str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp_path / "dist").glob("grpo_launch-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "grpo_launch/recipes/config.yaml" in names
+    assert "grpo_launch/compose/primary/config.yaml" in names
     assert all(f"grpo_launch/recipes/recipe/{n}.yaml" in names for n in SHIPPED)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp_path / "site"),
                     str(wheel)], check=True, capture_output=True, timeout=300)
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import grpo_launch.recipes as r; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import grpo_launch.compose.recipes as r; "
             "print(r.shipped_dir()); print(len(r.list_recipes(r.search_path())))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "site")], capture_output=True, text=True,
                          cwd=tmp_path, check=True, timeout=60).stdout.split()

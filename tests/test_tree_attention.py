@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from grpo_launch.tree_attention import flash_attn_varlen_func
+from grpo_launch.trainer.tree_attention import flash_attn_varlen_func
 
 
 def naive_segment_attention(q, k, v, scale, causal, left):
@@ -29,7 +29,7 @@ def twin_models(seed: int):
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from trl.experimental.async_grpo.packing import TREE_ATTENTION, register_tree_attention
 
-    from grpo_launch.tree_attention import use_sdpa_tree_attention
+    from grpo_launch.trainer.tree_attention import use_sdpa_tree_attention
 
     register_tree_attention()
     use_sdpa_tree_attention()

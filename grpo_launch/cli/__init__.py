@@ -1,30 +1,14 @@
-"""The `grpo` command: one small module per subcommand, all sharing this app and its error handling."""
+"""The `grpo` command: one small module per subcommand (each adds itself to `cli.app`), and the error handling
+they share."""
 
 from __future__ import annotations
 
 import sys
 
-import typer
-
 from grpo_launch.errors import EXIT_USER_ERROR, UserError
 
-app = typer.Typer(
-    name="grpo",
-    help="Launch GRPO training (TRL + vLLM + DeepSpeed/accelerate) from one declarative recipe.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
 
-RecipesDirOption = typer.Option(
-    None, "--recipes-dir", metavar="DIR",
-    help="Add a directory of recipes (its recipe/, cluster/, model/, ... folders) ahead of the shipped ones; "
-         "repeatable. $GRPO_RECIPES_PATH adds more.")
-
-
-def report(error: UserError) -> None:
+def render_error(error: UserError) -> None:
     from rich.console import Console
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -35,12 +19,13 @@ def report(error: UserError) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from grpo_launch.cli import plan, proxy, recipes, run  # noqa: F401  (registers the subcommands)
+    from grpo_launch.cli.app import app
 
     try:
         # standalone mode: click prints its own usage errors and exits 2; our UserError passes through it.
         app(args=argv, prog_name="grpo", standalone_mode=True)
     except UserError as e:
-        report(e)
+        render_error(e)
         return EXIT_USER_ERROR
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

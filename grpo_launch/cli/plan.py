@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from grpo_launch.cli import RecipesDirOption, app
+from grpo_launch.cli.app import RecipesDirOption, app
 
 EXAMPLES = """
 [bold]Examples[/]
@@ -43,7 +43,7 @@ def plan(
     the_plan = build_plan(composed)
     advice = None
     if suggest or not (force or the_plan.memory.fits):
-        from grpo_launch.memory.advisor import advise, check_fit
+        from grpo_launch.plan.advisor import advise, check_fit
 
         advice = advise(composed, the_plan)
         if not (force or suggest):
@@ -54,13 +54,13 @@ def plan(
             data["suggestions"] = [{"overrides": list(s.overrides), "summary": s.summary} for s in advice.suggestions]
         typer.echo(json.dumps(data, indent=2))
     else:
-        from grpo_launch.view import print_plan
+        from grpo_launch.cli.plan_view import print_plan
 
         print_plan(the_plan, show_files=dry_run)
         if suggest:
             from rich.console import Console
 
-            from grpo_launch.memory.view import print_advice
+            from grpo_launch.cli.memory_view import print_advice
 
             print_advice(advice, Console(highlight=False))
     if suggest and not force:

@@ -6,8 +6,10 @@ import os
 
 import typer
 
-from grpo_launch.cli import app
+from grpo_launch.cli.app import app
+from grpo_launch.contracts.knobs import default_of, doc_of
 from grpo_launch.errors import UserError
+from grpo_launch.proxy.config import ProxyConfig
 
 EXAMPLES = """
 [bold]Examples[/]
@@ -21,23 +23,24 @@ Point TRL's vllm_server_base_url at the proxy; it sees one vLLM server of data-p
 """
 
 
+def _flag(name: str, **kw):
+    """A flag declared by ProxyConfig: its default and help come from there."""
+    return typer.Option(default_of(ProxyConfig, name), help=doc_of(ProxyConfig, name), **kw)
+
+
 @app.command(epilog=EXAMPLES)
 def proxy(
     replica: list[str] = typer.Option(..., "--replica", metavar="URL",
                                       help="Base URL of a vLLM replica; repeat once per replica."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind; 0.0.0.0 exposes the proxy (set an API key)."),
-    port: int = typer.Option(8080, help="Port to listen on."),
-    block_size: int = typer.Option(16, help="Prefix block in tokens; must equal the replicas' --block-size."),
-    imbalance: int = typer.Option(8, help="A replica holding the prompt's prefix keeps it while its in-flight "
-                                          "count exceeds the least-loaded replica's by at most this much."),
-    max_tracked_blocks: int = typer.Option(500_000, help="Prefix blocks remembered (LRU)."),
-    lora_load_timeout_s: float = typer.Option(300.0, help="How long an adapter load waits for every replica to "
-                                                          "see the adapter directory (shared storage lag)."),
-    request_timeout_s: float = typer.Option(600.0, help="Longest a replica may take to answer one request."),
-    health_interval_s: float = typer.Option(2.0, help="Seconds between /health probes of each replica."),
-    tokenizer: str | None = typer.Option(None, metavar="ID_OR_PATH",
-                                         help="Model id or local tokenizer path, to route text prompts by "
-                                              "prefix (token-id prompts need none)."),
+    host: str = _flag("host"),
+    port: int = _flag("port"),
+    block_size: int = _flag("block_size"),
+    imbalance: int = _flag("imbalance"),
+    max_tracked_blocks: int = _flag("max_tracked_blocks"),
+    lora_load_timeout_s: float = _flag("lora_load_timeout_s"),
+    request_timeout_s: float = _flag("request_timeout_s"),
+    health_interval_s: float = _flag("health_interval_s"),
+    tokenizer: str | None = _flag("tokenizer", metavar="ID_OR_PATH"),
     api_key_env: str | None = typer.Option(None, metavar="NAME",
                                            help="Environment variable holding the key clients must send as "
                                                 "'Authorization: Bearer <key>' on every path."),
@@ -46,8 +49,6 @@ def proxy(
                                                          "replicas (their --api-key)."),
 ) -> None:
     """Route generation to the replica holding the prompt's KV prefix; broadcast adapter loads, pause and resume."""
-    from grpo_launch.proxy.config import ProxyConfig
-
     config = ProxyConfig(replicas=tuple(replica), host=host, port=port, block_size=block_size, imbalance=imbalance,
                          max_tracked_blocks=max_tracked_blocks, lora_load_timeout_s=lora_load_timeout_s,
                          request_timeout_s=request_timeout_s, health_interval_s=health_interval_s,

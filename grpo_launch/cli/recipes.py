@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from grpo_launch.cli import RecipesDirOption, app
+from grpo_launch.cli.app import RecipesDirOption, app
 
 recipes_app = typer.Typer(
     help="List recipes, show one composed, or copy one to edit.",
@@ -33,7 +33,7 @@ def recipes_list(ctx: typer.Context, recipes_dir: list[str] | None = RecipesDirO
     from rich.console import Console
     from rich.table import Table
 
-    from grpo_launch import recipes
+    from grpo_launch.compose import recipes
 
     table = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
     table.add_column("recipe", style="cyan", no_wrap=True)
@@ -75,7 +75,7 @@ def recipes_new(
                                                        "directory (~/.config/grpo-launch/recipes)."),
 ) -> None:
     """Copy a recipe into a user directory to edit (like `tune cp`); it then shadows nothing and is found by name."""
-    from grpo_launch import recipes
+    from grpo_launch.compose import recipes
 
     dest_root = to or recipes.user_dir()
     dest = recipes.copy_recipe(recipes.search_path(ctx.obj or []), source, name, dest_root)

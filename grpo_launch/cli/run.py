@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from grpo_launch.cli import RecipesDirOption, app
+from grpo_launch.cli.app import RecipesDirOption, app
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -47,8 +47,8 @@ def config_changes(old: dict, new: dict) -> list[str]:
 def _resume_inputs(run_dir: Path, overrides: list[str], recipes_dir: list[str]) -> tuple[list[str], list[str]]:
     import yaml
 
+    from grpo_launch.contracts.rundir import OVERRIDES_FILE
     from grpo_launch.errors import UserError
-    from grpo_launch.rundir import OVERRIDES_FILE
 
     stored_file = run_dir / OVERRIDES_FILE
     if not stored_file.is_file():
@@ -75,10 +75,10 @@ def run(
     from rich.console import Console
 
     from grpo_launch.compose import compose
+    from grpo_launch.contracts.rundir import CONFIG_FILE
     from grpo_launch.errors import UserError
     from grpo_launch.materialize import config_document, new_run_dir, run_files
     from grpo_launch.plan import build_plan
-    from grpo_launch.rundir import CONFIG_FILE
 
     overrides, dirs = list(overrides or []), list(recipes_dir or [])
     if resume is not None:
@@ -86,7 +86,7 @@ def run(
     composed = compose(overrides, dirs)
     the_plan = build_plan(composed)
     if not force:
-        from grpo_launch.memory.advisor import check_fit
+        from grpo_launch.plan.advisor import check_fit
 
         check_fit(composed, the_plan)  # an out-of-memory layout fails here, not twenty minutes into the run
     if not 0 <= node_rank < the_plan.nodes:
@@ -122,20 +122,20 @@ def run(
 
 def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | None, node_rank: int,
             grace_s: float, console: Console) -> None:
-    from grpo_launch import report
+    from grpo_launch.launch import curves
+    from grpo_launch.launch.preflight import check_ports_free
+    from grpo_launch.launch.supervisor import supervise
     from grpo_launch.materialize import materialize
-    from grpo_launch.supervisor import check_ports_free, supervise
 
-    plan_json = the_plan.to_json()
-    check_ports_free(plan_json, node_rank)
+    check_ports_free(the_plan, node_rank)
     run_dir = materialize(composed, the_plan, dirs, run_dir=resume).resolve()
     console.print(f"[bold]run directory[/] {run_dir}")
-    report.preload_plotting()
-    code = supervise(plan_json, run_dir, node=node_rank, grace_s=grace_s, console=console)
-    records = report.read_metrics(run_dir)
+    curves.preload_plotting()
+    code = supervise(the_plan, run_dir, node=node_rank, grace_s=grace_s, console=console).code
+    records = curves.read_metrics(run_dir)
     if records:
-        curve = report.plot(run_dir, records, f"{composed.recipe} ({run_dir.name})")
-        numbers = report.summary(records)
+        curve = curves.plot(run_dir, records, f"{composed.recipe} ({run_dir.name})")
+        numbers = curves.summary(records)
         console.print(f"[bold]metrics[/] {numbers}")
         if curve is not None:
             console.print(f"[bold]reward curve[/] {curve}")

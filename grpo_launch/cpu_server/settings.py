@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from grpo_launch.contracts.vllm import VLLM_LORA_RANKS as LORA_RANKS
 from grpo_launch.errors import UserError
-from grpo_launch.plan.common import VLLM_LORA_RANKS as LORA_RANKS
 
 PROG = "python -m grpo_launch.cpu_server"
 DTYPES = {"auto": "auto", "float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16",

@@ -12,8 +12,9 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from grpo_launch import builtins, tiny_model
-from grpo_launch.schema import Model
+from grpo_launch.compose.schema import Model
+from grpo_launch.contracts import tiny
+from grpo_launch.contracts.builtins import BUILTIN_MODEL_PREFIX
 
 # The linear layers of one decoder layer, by their transformers/PEFT names ('all-linear' adapts all of them).
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -190,17 +191,17 @@ def shape_from_config(cfg: dict) -> ModelShape | None:
 
 def _tiny_shape(model: Model) -> ModelShape:
     t = model.tiny
-    # tiny_model.build: Qwen2 layout, intermediate 4 x hidden, tied embeddings, a character vocabulary.
-    return ModelShape(layers=t.num_layers, hidden=t.hidden_size, heads=t.num_heads, kv_heads=t.num_kv_heads,
-                      head_dim=t.hidden_size // t.num_heads, intermediate=4 * t.hidden_size,
-                      vocab=len(tiny_model.SPECIAL_TOKENS) + len(tiny_model.CHARACTERS), tied_embeddings=True,
-                      context=t.max_position_embeddings, qkv_bias=True)
+    config = tiny.config_json(hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
+                              num_kv_heads=t.num_kv_heads, max_position_embeddings=t.max_position_embeddings)
+    shape = shape_from_config(config)
+    assert shape is not None
+    return shape
 
 
 def resolve(model: Model) -> ResolvedModel | None:
     """The shape of the recipe's model, or None when neither the catalog nor a local config.json knows it."""
     name = model.name_or_path
-    if builtins.builtin_model(name):
+    if name.startswith(BUILTIN_MODEL_PREFIX):
         return ResolvedModel(_tiny_shape(model), "built-in")
     config_file = Path(name).expanduser() / "config.json"
     if config_file.is_file():  # the one read planning does outside the recipes: the model's own description

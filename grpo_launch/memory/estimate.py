@@ -11,13 +11,14 @@ what is left. docs/memory.md derives every formula.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
+from grpo_launch.compose.schema import Config
+from grpo_launch.compose.trl_fields import effective
+from grpo_launch.contracts.memory import GIB, Budget, Component, KvCache, MemoryEstimate, Phase
+from grpo_launch.contracts.plan import Plan
 from grpo_launch.memory import catalog
 from grpo_launch.memory.catalog import ModelShape
-from grpo_launch.memory.report import GIB, Budget, Component, KvCache, MemoryEstimate, Phase
-from grpo_launch.plan.trainer_args import effective
-from grpo_launch.plan.types import Plan
-from grpo_launch.schema import Config
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}  # auto: the checkpoint's, bf16 for the catalog
 # Per process on a GPU: the CUDA context (~0.5 GiB on Hopper), cuBLAS workspaces, NCCL communicator buffers and
@@ -34,11 +35,6 @@ VLLM_CUDA_GRAPHS_GIB = 0.5
 # filled in by transformers from the hidden size ("auto"): reduce hidden^2, prefetch 0.9 x hidden^2.
 DS_BUCKET_ELEMENTS = 500_000_000
 DS_OVERLAP_COMM_FACTOR = 4.5
-# TRL's colocated LLM(max_num_batched_tokens=4096); `vllm serve` defaults on GPUs of >= 70 GiB (vllm/engine/
-# arg_utils.py get_batch_defaults): 8192 batched tokens and 1024 sequences, else 2048 and 256.
-COLOCATE_BATCHED_TOKENS = 4096
-SERVER_BATCH_DEFAULTS = {True: (8192, 1024), False: (2048, 256)}
-LARGE_GPU_GIB = 70
 
 
 def _gib(n_bytes: float) -> float:
@@ -47,6 +43,23 @@ def _gib(n_bytes: float) -> float:
 
 def _billions(n: float) -> str:
     return f"{n / 1e9:.3g}B" if n >= 1e8 else f"{n / 1e6:.3g}M"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one trainer rank computes per micro-batch, as its placement's trainer does it."""
+
+    tokens: int                 # through every layer
+    logit_tokens: int           # through the output head
+    reference_model: bool       # TRL loads a second copy of the model (beta > 0, full weights)
+    gather_for_generation: bool  # ZeRO-3 gathers the whole model to generate (vLLM off)
+    generation_sequences: int   # per rank and generation round when the trainer generates itself (vLLM off)
+
+
+class Workloads(Protocol):
+    """A placement, as the estimate sees it."""
+
+    def workload(self, plan: Plan, seq_len: int) -> Workload: ...
 
 
 @dataclass(frozen=True)
@@ -96,37 +109,26 @@ class _Held:
     persistent: bool = True     # held between training steps too; False: only inside a step
 
 
-def _trainer(config: Config, plan: Plan, shape: ModelShape) -> _Trainer:
+def _trainer(config: Config, plan: Plan, shape: ModelShape, workloads: Workloads) -> _Trainer:
     get = lambda name: effective(plan.trainer_args, plan.trainer_class, name)  # noqa: E731
     lora = config.lora
     trainable = shape.lora_parameters(lora.r, lora.target_modules) if lora.enabled else shape.parameters
     bf16 = get("bf16")
     half = (not get("fp16") if bf16 is None else bf16) or get("fp16")
-    seq_len = plan.vllm.get("max_model_len") or shape.context
-    per_device = plan.batch["per_device_train_batch_size"]
-    completion = min(get("max_completion_length"), seq_len)
-    if plan.trainer_class == "AsyncGRPOConfig":
-        budget = plan.batch["token_budget"]  # None: the server's max_model_len; <= 0: fixed-size rows
-        row = seq_len if budget is None or budget <= 0 else budget
-        tokens = logit_tokens = per_device * row  # packed rows: every token is scored
-        reference = gather = False
-        generation_sequences = 0
-    else:
-        tokens, logit_tokens = per_device * seq_len, per_device * completion
-        reference = get("beta") > 0 and not lora.enabled
-        gather = bool(get("ds3_gather_for_generation"))
-        generation_sequences = plan.batch["generation_batch_size"] // plan.world_size
+    seq_len = plan.vllm.max_model_len or shape.context
+    work = workloads.workload(plan, seq_len)
     z = config.zero
     return _Trainer(
         shape=shape, params=shape.parameters, trainable=trainable, lora=lora.enabled,
         dtype_bytes=DTYPE_BYTES[config.model.dtype], half=bool(half), ranks=plan.world_size, stage=z.stage,
         offload_optimizer=z.offload_optimizer, offload_param=z.offload_param,
         overlap_comm=z.overlap_comm if z.overlap_comm is not None else z.stage == 3,  # DeepSpeed's default
-        fsdp2=plan.trainer_class == "AsyncGRPOConfig", reference=reference,
+        fsdp2=plan.parallelism == "FSDP2", reference=work.reference_model,
         checkpointing=bool(get("gradient_checkpointing")),
-        eager_attention=config.model.attn_implementation == "eager", sequences=per_device, seq_len=seq_len,
-        tokens=tokens, logit_tokens=logit_tokens, generation_sequences=generation_sequences,
-        gather_for_generation=gather, cuda=config.cluster.accelerator == "cuda")
+        eager_attention=config.model.attn_implementation == "eager",
+        sequences=plan.batch["per_device_train_batch_size"], seq_len=seq_len, tokens=work.tokens,
+        logit_tokens=work.logit_tokens, generation_sequences=work.generation_sequences,
+        gather_for_generation=work.gather_for_generation, cuda=config.cluster.accelerator == "cuda")
 
 
 def _model_states(t: _Trainer) -> list[_Held]:
@@ -243,20 +245,17 @@ class _VllmShare:
 
 def _vllm_share(config: Config, plan: Plan, shape: ModelShape) -> _VllmShare:
     v = plan.vllm
-    tp, utilization = v["tensor_parallel_size"], v["gpu_memory_utilization"]
-    max_len = v.get("max_model_len") or shape.context
+    tp, utilization = v.tensor_parallel_size, v.gpu_memory_utilization
+    max_len = v.max_model_len or shape.context
     gpu = config.cluster.gpu_memory_gib
     vb = DTYPE_BYTES[config.model.dtype]
-    if plan.placement == "colocate":
-        batched, sequences = COLOCATE_BATCHED_TOKENS, plan.batch["vllm_max_num_seqs"]
-    else:
-        batched, sequences = SERVER_BATCH_DEFAULTS[gpu >= LARGE_GPU_GIB]
+    batched, sequences = v.max_num_batched_tokens, v.max_num_seqs
     weights = _gib(vb * shape.parameters / tp)
     parts = [Component("vLLM weights", weights, f"{vb} B x {_billions(shape.parameters)} / TP {tp}")]
-    if "max_loras" in v:
-        lora = v["max_loras"] * shape.lora_parameters(v["max_lora_rank"], config.lora.target_modules)
+    if v.lora is not None:
+        lora = v.lora.max_loras * shape.lora_parameters(v.lora.max_lora_rank, config.lora.target_modules)
         parts.append(Component("vLLM LoRA slots", _gib(vb * lora / tp),
-                               f"{v['max_loras']} adapters of rank {v['max_lora_rank']}"))
+                               f"{v.lora.max_loras} adapters of rank {v.lora.max_lora_rank}"))
     # vLLM's profiled peak: one forward over max_num_batched_tokens (residual and hidden state, the qkv and MLP
     # outputs of its TP shard) and the sampler's fp32 logits of max_num_seqs sequences.
     per_token = 2 * shape.hidden + (shape.q_dim + 2 * shape.kv_dim + 3 * shape.intermediate) / tp
@@ -296,7 +295,7 @@ def _gpu_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer,
         resident += tuple(_transformers_generation(t))
     phases: dict[str, tuple[Phase, ...]] = {"trainer": (Phase("training", training), Phase("generation", resident))}
     if vllm is not None:
-        asleep = plan.vllm.get("sleep_level", 0) > 0  # colocated: one process, vLLM asleep or not while training
+        asleep = plan.vllm.sleep_level > 0  # colocated: one process, vLLM asleep or not while training
         phases["trainer + vLLM"] = (Phase("training", training + (() if asleep else vllm.components)),
                                     Phase("generation", resident + vllm.components))
         alone = vllm.components + (_OVERHEAD,)
@@ -314,7 +313,9 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
     for node in range(plan.nodes):
         ranks = sum(len(p.ranks) for p in plan.processes if p.role == "trainer" and p.node == node)
         vllm_gpus = sum(len(e.gpus) for e in plan.engines if e.node == node)
-        processes = ranks + (0 if plan.placement == "colocate" else vllm_gpus)
+        # vLLM in processes of its own (servers, replicas), or inside the trainer ranks (colocated)
+        vllm_processes = sum(len(e.gpus) for e in plan.engines if e.node == node and e.process is not None)
+        processes = ranks + vllm_processes
         if not processes:
             continue
         base = Component("processes", processes * per_process, f"{processes} x {per_process:g} GiB")
@@ -323,7 +324,7 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
                                f"{ranks} ranks x {h.component.detail}") for h in holdings if h.on_host]
         else:  # CPU ranks: everything a rank holds is in host memory
             train = [Component(h.component.name, ranks * h.component.gib, f"{ranks} ranks") for h in holdings]
-        if vllm is not None and plan.vllm.get("sleep_level") == 1:
+        if vllm is not None and plan.vllm.sleep_level == 1:
             train.append(Component("vLLM weights asleep (level 1)", vllm_gpus * vllm.weights_gib,
                                    f"{vllm_gpus} GPUs x {vllm.weights_gib:.1f} GiB"))
         # Every rank builds its copy in CPU memory, in model.dtype, before it moves to the GPU; ZeRO-3's zero.Init
@@ -338,7 +339,7 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
                         phases=phases) for (role, phases), nodes in groups.items())
 
 
-def estimate(config: Config, plan: Plan) -> MemoryEstimate:
+def estimate(config: Config, plan: Plan, workloads: Workloads) -> MemoryEstimate:
     """The memory every GPU and node of `plan` needs, per phase; empty (with a note) for a model it cannot size."""
     name = config.model.name_or_path
     resolved = catalog.resolve(config.model)
@@ -346,7 +347,7 @@ def estimate(config: Config, plan: Plan) -> MemoryEstimate:
         return MemoryEstimate(model=name, source="", parameters=0, trainable_parameters=0, gpus=(), hosts=(),
                               notes=(f"memory not estimated: '{name}' is not in the catalog and has no local "
                                      f"config.json of a dense Llama/Qwen-style model",))
-    t = _trainer(config, plan, resolved.shape)
+    t = _trainer(config, plan, resolved.shape, workloads)
     holdings = _model_states(t) + _activations(t) + _buffers(t)
     vllm = _vllm_share(config, plan, resolved.shape) if plan.engines else None
     notes = () if t.cuda else ("cluster.accelerator=cpu: trainer ranks are CPU processes, counted in host memory",)

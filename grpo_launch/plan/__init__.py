@@ -1,70 +1,46 @@
 """Plan: a composed config -> a `Plan`. Pure: no I/O, no clock, no environment, no torch.
 
-Every rule that makes a layout valid lives here or in the placement modules (one per placement, same shape:
-`plan(ctx) -> PlacementResult` and a `CONFIG_CLASS`). `build_plan` twice on the same config gives equal plans.
+Every rule that makes a layout valid lives here: the checks no placement owns (`checks`), the placement's own
+(`placements/`), TRL's rules at the plan's world size (`trl_rules`), GPU and port assignment (`layout`, `ports`),
+the generated files (`documents`, `launch_script`). `build_plan` twice on the same config gives equal plans.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from types import ModuleType
 from typing import TYPE_CHECKING
 
-from grpo_launch import builtins
-from grpo_launch.errors import UserError, did_you_mean
+from grpo_launch.compose import trl_fields
+from grpo_launch.compose.schema import Config
+from grpo_launch.contracts.plan import Engine, Plan, ProcessSpec
+from grpo_launch.contracts.rundir import ACCELERATE_FILE, DEEPSPEED_FILE, LAUNCH_FILE
 from grpo_launch.memory.estimate import estimate as estimate_memory
-from grpo_launch.plan import async_lora, colocate, server
-from grpo_launch.plan.common import (
-    Context,
-    check_env,
-    check_hosts,
-    model_path,
-    prepare_steps,
-    trainer_processes,
-)
-from grpo_launch.plan.documents import (
-    ACCELERATE_FILE,
-    DEEPSPEED_FILE,
-    accelerate_config,
-    check_zero,
-    deepspeed_config,
-)
+from grpo_launch.plan.checks import builtin_model, check_data, check_env, check_hosts
+from grpo_launch.plan.context import Context
+from grpo_launch.plan.documents import accelerate_config, check_zero, deepspeed_config
 from grpo_launch.plan.launch_script import launch_script
 from grpo_launch.plan.layout import Layout
-from grpo_launch.plan.trainer_args import build_trainer_args, build_trainer_inputs, check_grpo_batch
-from grpo_launch.plan.types import Engine, Plan, ProcessSpec
-from grpo_launch.schema import Config
+from grpo_launch.plan.placements import placement_of
+from grpo_launch.plan.placements.base import Placement
+from grpo_launch.plan.processes import prepare_steps, trainer_processes
+from grpo_launch.plan.trainer_args import build_trainer_args, build_trainer_inputs
 
 if TYPE_CHECKING:
     from grpo_launch.compose import Composed
 
-PLACEMENTS: dict[str, ModuleType] = {"colocate": colocate, "server": server, "async-lora": async_lora}
-LAUNCH_FILE = "launch.sh"
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
-
-__all__ = ["PLACEMENTS", "Plan", "ProcessSpec", "build_plan"]
+__all__ = ["Plan", "ProcessSpec", "build_plan"]
 
 
-def _check_data(config: Config) -> None:
-    d = config.data
-    if d.source == "builtin" and d.path not in builtins.TASKS:
-        raise UserError(f"unknown built-in task '{d.path}'{did_you_mean(d.path, builtins.TASKS)}", key="data.path",
-                        hint=f"built-in tasks: {', '.join(builtins.TASKS)}")
-    if d.source == "files" and not d.path.endswith(DATA_SUFFIXES):
-        raise UserError(f"data.path '{d.path}' is not a {'/'.join(DATA_SUFFIXES)} file or glob", key="data.path",
-                        hint="use data.source=hub for a dataset on the hub")
-
-
-def _gpu_map(config: Config, layout: Layout, engines: list[Engine], placement: str) -> tuple[tuple[str, ...], ...]:
+def _gpu_map(config: Config, layout: Layout, engines: list[Engine], placement: Placement) -> tuple[tuple[str, ...],
+                                                                                                  ...]:
     c = config.cluster
     grid = [["idle"] * c.gpus_per_node for _ in range(c.nodes)]
     for rank in range(layout.world_size):
         node, gpu = layout.rank_location(rank)
         grid[node][gpu] = f"train {rank}"
-    label = "replica" if placement == "async-lora" else "vllm"
     for e in engines:
         for shard, gpu in enumerate(e.gpus):
-            tag = f"{label} {e.index}" + (f" tp{shard}" if len(e.gpus) > 1 else "")
+            tag = f"{placement.engine_label} {e.index}" + (f" tp{shard}" if len(e.gpus) > 1 else "")
             grid[e.node][gpu] = f"{grid[e.node][gpu]} + {tag}" if e.ranks else tag
     return tuple(tuple(row) for row in grid)
 
@@ -82,17 +58,18 @@ def build_plan(composed: Composed) -> Plan:
     check_hosts(config)
     check_env(config)
     check_zero(config)
-    builtins.builtin_model(config.model.name_or_path)
-    _check_data(config)
+    builtin_model(config.model.name_or_path)
+    check_data(config)
+    placement = placement_of(config)
+    trl_fields.check_trainer_args(config.trainer, placement.trainer_class)
 
-    placement = PLACEMENTS[config.placement.kind]
     ctx = Context(config)
     result = placement.plan(ctx)
     layout = result.layout
     world = layout.world_size
 
-    args = build_trainer_args(config, placement.CONFIG_CLASS, result.trainer_args)
-    inputs = build_trainer_inputs(config, model_path(config))
+    args = build_trainer_args(config, placement, result.trainer_args)
+    inputs = build_trainer_inputs(config, placement)
     files: dict = {}
     if config.zero.stage:
         files[DEEPSPEED_FILE] = deepspeed_config(config)
@@ -100,10 +77,7 @@ def build_plan(composed: Composed) -> Plan:
             args["deepspeed"] = DEEPSPEED_FILE  # accelerate reads it from accelerate.yaml instead
     files[ACCELERATE_FILE] = accelerate_config(config, machines=len(layout.trainer_nodes), processes=world,
                                                main_ip=ctx.host(layout.trainer_nodes[0]), fsdp2=result.fsdp2)
-    batch = check_grpo_batch(args, world, placement.CONFIG_CLASS)
-    if placement is colocate and config.vllm.enabled:  # TRL sizes the colocated engine from the batch
-        batch["vllm_max_num_seqs"] = (batch["per_device_train_batch_size"] * config.vllm.tensor_parallel_size
-                                      * batch["steps_per_generation"])
+    batch = placement.batch(args, world, result)
 
     processes = tuple(result.services) + tuple(trainer_processes(ctx, layout, result.trainer_depends_on))
     prepare = prepare_steps(config)
@@ -120,18 +94,18 @@ def build_plan(composed: Composed) -> Plan:
         hosts=tuple(ctx.host(n) for n in range(config.cluster.nodes)),
         launcher=config.launcher,
         world_size=world,
-        vllm=result.vllm,
+        vllm=placement.sized_vllm(result, batch),
         zero_stage=config.zero.stage,
         engines=tuple(result.engines),
         processes=processes,
-        gpu_map=_gpu_map(config, layout, result.engines, config.placement.kind),
+        gpu_map=_gpu_map(config, layout, result.engines, placement),
         ports=ctx.ports.claims(),
         files=files,
         prepare=prepare,
-        trainer_class=placement.CONFIG_CLASS,
+        trainer_class=placement.trainer_class,
         trainer_args=args,
         trainer_inputs=inputs,
         batch=batch,
         warnings=tuple(ctx.warnings + _idle_warning(layout, config)),
     )
-    return replace(plan, memory=estimate_memory(config, plan))  # the CLI decides whether a misfit is fatal
+    return replace(plan, memory=estimate_memory(config, plan, placement))  # the CLI decides whether a misfit is fatal

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from grpo_launch.compose.schema import Config
+from grpo_launch.contracts.rundir import DEEPSPEED_FILE
 from grpo_launch.errors import UserError
-from grpo_launch.schema import Config
-
-DEEPSPEED_FILE = "deepspeed.json"
-ACCELERATE_FILE = "accelerate.yaml"
 
 
 def check_zero(config: Config) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from grpo_launch.plan.types import PrepareStep, ProcessSpec
+from grpo_launch.contracts.plan import PrepareStep, ProcessSpec
 
 _HEADER = """#!/usr/bin/env bash
 # Replays run '{recipe}' (placement {placement}) without grpo-launch. It works in its own directory, the run

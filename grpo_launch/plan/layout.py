@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpo_launch.compose.schema import Config
 from grpo_launch.errors import UserError
-from grpo_launch.schema import Config
 
 
 @dataclass(frozen=True)

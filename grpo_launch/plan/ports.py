@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grpo_launch.contracts.plan import PortClaim
 from grpo_launch.errors import UserError
 
 
@@ -10,9 +11,9 @@ class PortBook:
         self._taken: dict[tuple[int, int], str] = {}
         self._keys: dict[tuple[int, int], str] = {}
 
-    def claims(self) -> tuple[dict, ...]:
+    def claims(self) -> tuple[PortClaim, ...]:
         """Every port of the plan: node, port, owner and the recipe key that sets it (for `grpo run`'s check)."""
-        return tuple({"node": n, "port": p, "owner": owner, "key": self._keys[(n, p)]}
+        return tuple(PortClaim(node=n, port=p, owner=owner, key=self._keys[(n, p)])
                      for (n, p), owner in sorted(self._taken.items()))
 
     def claim(self, node: int, port: int, owner: str, key: str) -> int:

@@ -2,28 +2,34 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from grpo_launch.contracts.knobs import knob, violation
+from grpo_launch.contracts.proxy import ProxyKnobs
+from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE
 from grpo_launch.errors import UserError
 
 
-@dataclass(frozen=True, kw_only=True)
-class ProxyConfig:
+@dataclass(kw_only=True)
+class ProxyConfig(ProxyKnobs):
+    """The routing settings a recipe shares (`ProxyKnobs`), and what only a running proxy needs. `grpo proxy`'s
+    flags take their defaults and help from these declarations."""
+
     replicas: tuple[str, ...]                   # base URLs, e.g. http://127.0.0.1:8000
-    host: str = "127.0.0.1"
-    port: int = 8080                            # 0: any free port (tests)
-    block_size: int = 16                        # must equal the replicas' --block-size
-    imbalance: int = 8                          # affinity yields once in-flight exceeds the minimum by more
-    max_tracked_blocks: int = 500_000
-    lora_load_timeout_s: float = 300.0          # how long a replica may not see a new adapter directory
-    lora_retry_s: float = 2.0                   # between load attempts on a replica that cannot see it yet
-    request_timeout_s: float = 600.0            # one upstream call, generation included
-    connect_timeout_s: float = 5.0
-    health_interval_s: float = 2.0
-    health_timeout_s: float = 5.0
-    tokenizer: str | None = None                # local dir/file or hub id, for text prompts
+    port: int = knob(8080, "Port to listen on; 0 takes any free port.", ge=0, le=65535)
+    block_size: int = knob(DEFAULT_BLOCK_SIZE, "Prefix block in tokens; must equal the replicas' --block-size.",
+                           ge=1)
+    lora_retry_s: float = knob(2.0, "Seconds between adapter load attempts on a replica that cannot see the "
+                                    "adapter yet.", gt=0)
+    request_timeout_s: float = knob(600.0, "Longest a replica may take to answer one request.", gt=0)
+    connect_timeout_s: float = knob(5.0, "Longest a connection to a replica may take.", gt=0)
+    health_interval_s: float = knob(2.0, "Seconds between /health probes of each replica.", gt=0)
+    health_timeout_s: float = knob(5.0, "Longest one /health probe may take.", gt=0)
+    tokenizer: str | None = knob(None, "Model id or local tokenizer path, to route text prompts by prefix "
+                                       "(token-id prompts need none).")
     # Secret values: held in memory only, never in repr, logs or files.
     client_api_key: str | None = field(default=None, repr=False)
     upstream_api_key: str | None = field(default=None, repr=False)
@@ -36,17 +42,11 @@ class ProxyConfig:
             check_replica_url(url)
         if len(set(self.replicas)) != len(self.replicas):
             raise UserError(f"a replica is listed twice: {list(self.replicas)}", key="--replica")
-        if not 0 <= self.port <= 65535:
-            raise UserError(f"--port {self.port} is not a TCP port", key="--port")
-        for name in ("block_size", "max_tracked_blocks"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 1", key=f"--{name}")
-        if self.imbalance < 0:
-            raise UserError("--imbalance must be 0 or more", key="--imbalance")
-        for name in ("lora_load_timeout_s", "lora_retry_s", "request_timeout_s", "connect_timeout_s",
-                     "health_interval_s", "health_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise UserError(f"--{name.replace('_', '-')} must be positive", key=f"--{name}")
+        for f in dataclasses.fields(self):
+            problem = violation(getattr(self, f.name), f.metadata) if "doc" in f.metadata else None
+            if problem:
+                flag = f"--{f.name.replace('_', '-')}"
+                raise UserError(f"{flag} {problem}", key=flag)
         if self.tokenizer:
             check_tokenizer(self.tokenizer)
 

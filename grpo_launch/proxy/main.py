@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -34,4 +35,5 @@ async def _serve(config: ProxyConfig) -> None:
             log.warning("listening on %s without an API key: anyone who reaches it can load adapters and pause "
                         "the replicas (set --api-key-env)", config.host)
         await stop.wait()
-        log.info("stopping")
+        # The last word on the run's traffic (errors returned to clients, retries), kept in the proxy's log.
+        log.info("stopping; stats %s", json.dumps(proxy.proxy.snapshot(), separators=(",", ":")))

@@ -245,11 +245,15 @@ class Proxy:
         status = 200 if self.fleet.all_healthy() else 503
         return web.json_response({"healthy": status == 200, "replicas": replicas}, status=status)
 
-    async def proxy_stats(self, request: web.Request) -> web.Response:
+    def snapshot(self) -> dict:
+        """What /proxy/stats answers: routing decisions, errors, broadcasts, latency, replicas, fleet state."""
         stats = self.stats.to_json([r.to_json() for r in self.fleet.replicas], block_size=self.config.block_size,
                                    tracked_blocks=self.router.tracked_blocks)
         stats["fleet"] = {"adapters": list(self.fleet.adapters), "paused": self.fleet.paused is not None}
-        return web.json_response(stats)
+        return stats
+
+    async def proxy_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.snapshot())
 
     async def metrics(self, request: web.Request) -> web.Response:
         text = self.stats.to_prometheus([r.to_json() for r in self.fleet.replicas], self.router.tracked_blocks)

@@ -4,6 +4,7 @@ and can be told to be slow, never ready, or to die. It is not vLLM and generates
 import argparse
 import http.server
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,14 +21,12 @@ parser.add_argument("--ignore-sigterm", action="store_true")
 args = parser.parse_args()
 start = time.monotonic()
 
+if args.ignore_sigterm:  # before the pid file: a test that sees the file may signal at once
+    signal.signal(signal.SIGTERM, lambda *_: print("stand-in server ignoring SIGTERM", flush=True))
 if args.pid_dir:  # this process and a child of its own: the supervisor must stop both
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     with open(os.path.join(args.pid_dir, f"server-{os.getpid()}"), "w") as f:
         f.write(f"{os.getpid()} {child.pid}")
-if args.ignore_sigterm:
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class Health(http.server.BaseHTTPRequestHandler):
@@ -45,7 +44,7 @@ threading.Thread(target=server.serve_forever, daemon=True).start()
 print(f"stand-in server listening on {args.port}", flush=True)
 if args.die_after is not None:
     time.sleep(args.die_after)
-    print(f"stand-in server dying with code {args.code}", flush=True)
+    print(f"stand-in server dying with code {args.code} at {time.time():.3f}", flush=True)
     os._exit(args.code)
 while True:
     time.sleep(1)

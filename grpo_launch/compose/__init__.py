@@ -1,0 +1,202 @@
+"""Compose: recipe name + command-line overrides + search path -> a typed, validated `Config`.
+
+Hydra and OmegaConf live here and nowhere else, through their public APIs: `hydra.compose` over a search path of
+recipe directories, and the schema (`compose.schema.Config`) as the primary config's structured config, so that
+OmegaConf itself rejects unknown keys, converts types and finds missing values. Overrides use Hydra's grammar
+(`key=value`, `group=option`, `+key=value`, `~key`); every error a user can make (a malformed override, an unknown
+key, recipe or group option, a wrong type, a missing value, a bound) becomes a `UserError` naming the key, before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo_launch.compose import cache, recipes, schema, trl_fields
+from grpo_launch.errors import UserError, did_you_mean
+
+PRIMARY_DIR = Path(__file__).with_name("primary")  # config.yaml: one option per group, the schema first
+SCHEMA_NAME = "grpo_launch_schema"                  # the schema's name in Hydra's ConfigStore
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list",
+               dict: "a mapping"}
+
+
+@dataclass(frozen=True)
+class Composed:
+    recipe: str                      # the recipe's name (its file name under recipe/)
+    config: schema.Config            # typed and validated
+    overrides: tuple[str, ...]       # the command-line overrides as given
+    choices: dict[str, str]          # the option chosen in each config group
+
+
+def _every_key() -> list[str]:
+    return [k for k, *_ in schema.schema_keys()] + [f"trainer.{n}" for n in trl_fields.all_field_names()]
+
+
+def _translate_overrides(overrides: Sequence[str], dirs: list[Path]) -> list[str]:
+    """The user's overrides as Hydra should apply them: group options checked and quoted, keys of free-form
+    mappings (trainer.*, env.set.*) added where the recipe leaves them out; sweeps and hydra.* refused."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    out = []
+    for text in overrides:
+        try:
+            (o,) = parser.parse_overrides([text])
+        except OverrideParseException as e:
+            first = str(e).splitlines()[0] if str(e) else "unparseable"
+            raise UserError(f"malformed override '{text}': {first}", key=text,
+                            hint="overrides look like key=value, group=option, +key=value or ~key; "
+                                 "quote values with spaces: key='a b'") from None
+        if o.is_sweep_override():
+            raise UserError(f"'{text}': sweeps (a,b or range()) are not supported; run one configuration at "
+                            f"a time", key=o.key_or_group)
+        key = o.key_or_group
+        if o.package is not None:
+            raise UserError(f"'{text}': group@package overrides are not supported", key=key)
+        if key in recipes.GROUPS:
+            if o.is_delete() or o.is_add():
+                raise UserError(f"'{text}': the {key} group always has one option; choose it with {key}=NAME",
+                                key=key)
+            value = o.value()
+            if not isinstance(value, (str, int)) or isinstance(value, bool):
+                raise UserError(f"'{text}': {key}=NAME takes one option name", key=key)
+            recipes.check_option(dirs, key, str(value))
+            out.append(f"{key}='{value}'")  # quoted: zero=2 names the option file "2", not the integer 2
+            continue
+        if key.split(".")[0] == "hydra":
+            raise UserError(f"'{text}': hydra.* settings are managed by grpo-launch", key=key,
+                            hint="add recipe directories with --recipes-dir or $GRPO_RECIPES_PATH")
+        if key.startswith("trainer.") and key.count(".") != 1:
+            raise UserError(f"'{key}': trainer.* keys are TRL field names, one level deep", key=key)
+        plain = not (o.is_delete() or o.is_add() or o.is_force_add())
+        # A free-form mapping's key may be new; anything else must exist in the schema, which OmegaConf checks.
+        out.append(f"++{text}" if plain and schema.opens_mapping(key) else text)
+    return out
+
+
+def _quoted(path: Path) -> str:
+    return "'file://" + str(path).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _hydra_compose(dirs: list[Path], overrides: list[str]) -> tuple[schema.Config, dict[str, str]]:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema.Config)
+    # The primary config sits alone in its directory; the recipe directories follow in search order, so the
+    # first directory holding a group option wins (a user recipe shadows a shipped one).
+    searchpath = f"hydra.searchpath=[{','.join(_quoted(d) for d in dirs)}]"
+    quiet = ["hydra/job_logging=none", "hydra/hydra_logging=none"]  # grpo-launch configures no logging through Hydra
+    try:
+        with initialize_config_dir(config_dir=str(PRIMARY_DIR), version_base=None):
+            cfg = hydra_compose(recipes.PRIMARY, overrides=[*overrides, searchpath, *quiet], return_hydra_config=True)
+        choices = {g: str(cfg.hydra.runtime.choices.get(g)) for g in recipes.GROUPS}
+        with open_dict(cfg):
+            del cfg["hydra"]
+        config = OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
+        raise _user_error(e, overrides) from None
+    assert isinstance(config, schema.Config)
+    return config, choices
+
+
+def _omegaconf_cause(e: BaseException) -> Any:
+    from omegaconf.errors import OmegaConfBaseException
+
+    while e is not None and not (isinstance(e, OmegaConfBaseException) and getattr(e, "full_key", None)):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def _user_error(e: BaseException, overrides: list[str]) -> UserError:
+    """A composition error as the user should read it: the key, what is wrong with it, how to fix it."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, ValidationError
+
+    text = str(e)
+    cause = _omegaconf_cause(e)
+    full_key = cause.full_key if cause is not None else None
+    if full_key is None:  # a group file's error carries the key in its text only
+        found = re.search(r"full_key: (\S+)", text)
+        full_key = found.group(1) if found else None
+    if full_key is not None:
+        if isinstance(cause, MissingMandatoryValue) or "Missing mandatory value" in text:
+            return UserError(f"missing required value '{full_key}'", key=full_key,
+                             hint=f"set it in the recipe or on the command line: {full_key}=...")
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) or " not in '" in text:
+            return _unknown_key(_unknown_path(text, full_key, overrides))
+        if isinstance(cause, ValidationError) or "ValidationError" in text:
+            return _wrong_type(full_key, cause.msg if cause is not None else text)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    message = lines[0] if lines else type(e).__name__
+    return UserError(f"cannot compose the recipe: {message}", key=None, hint=" ".join(lines[1:3]) or None)
+
+
+def _unknown_path(text: str, full_key: str, overrides: list[str]) -> str:
+    """The unknown key's whole path. Hydra names the override it could not apply ("Could not override 'a.b'");
+    OmegaConf names the key from the value's own root when the value is a whole section or list of them."""
+    found = re.search(r"Could not override '([^']+)'", text)
+    if not found:
+        return full_key
+    overridden = found.group(1)
+    if full_key == overridden or full_key.startswith(overridden + "."):
+        return full_key
+    if typing.get_origin(schema.type_at(overridden)) is list:  # find the entry holding the unknown key
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        key = full_key.split(".")[0]
+        for given in OverridesParser.create().parse_overrides(overrides):
+            if given.key_or_group == overridden and isinstance(given.value(), list):
+                index = next((i for i, v in enumerate(given.value()) if isinstance(v, dict) and key in v), 0)
+                return f"{overridden}[{index}].{full_key}"
+    return f"{overridden}.{full_key}" if schema.type_at(overridden) is not None else overridden
+
+
+def _unknown_key(path: str) -> UserError:
+    dotted = re.sub(r"\[(\d+)\]", r".\1", path)
+    if dotted.startswith("rewards."):  # a list entry: suggest the entry's own keys
+        index, _, rest = dotted[len("rewards."):].partition(".")
+        fields = [k for k, *_ in schema.schema_keys(schema.Reward)]
+        return UserError(f"unknown key 'rewards[{index}].{rest}'"
+                         f"{did_you_mean(rest, fields, prefix=f'rewards[{index}].')}", key=path,
+                         hint=f"each reward takes {', '.join(fields)}")
+    return UserError(f"unknown key '{path}'{did_you_mean(path, _every_key())}", key=path,
+                     hint="see `grpo recipes show` or docs/recipe-reference.md for every key")
+
+
+def _wrong_type(path: str, message: str) -> UserError:
+    if "'None'" in message or "is not Optional" in message:
+        return UserError(f"'{path}' must not be null", key=path, hint="give it a value, or drop it to use the default")
+    dotted = re.sub(r"\[(\d+)\]", r".\1", path)
+    tp = schema.type_at(dotted)
+    origin = typing.get_origin(tp) or tp
+    kind = _KIND_NAMES.get(origin, "a mapping of keys") if tp is not None else "another type"
+    found = re.search(r"Value '(.*)' (?:of type|is not)", message) or re.search(r"to string: '(.*)'", message)
+    got = f", got {found.group(1)!r}" if found else ""
+    hint = f"Hydra list syntax: {path}=[a,b]" if origin is list else None
+    return UserError(f"'{path}' must be {kind}{got}", key=path, hint=hint)
+
+
+def compose(overrides: Sequence[str] = (), recipe_dirs: Sequence[str | Path] = ()) -> Composed:
+    dirs = recipes.search_path(recipe_dirs)
+    entry = cache.key(dirs, overrides) if cache.enabled() else None
+    cached = cache.load(entry) if entry else None
+    config, choices = cached or _hydra_compose(dirs, _translate_overrides(overrides, dirs))
+    schema.check_bounds(config)
+    trl_fields.check_trainer_names(config.trainer)
+    if entry and not cached:
+        cache.store(entry, dataclasses.asdict(config), choices)
+    return Composed(recipe=choices["recipe"], config=config, overrides=tuple(overrides), choices=choices)

@@ -1,0 +1,224 @@
+"""The typed recipe schema: every key with its type, default, bounds and one-line doc.
+
+These dataclasses are the structured config of the primary config (`compose.PRIMARY`): Hydra composes recipes
+into them, so OmegaConf rejects unknown keys, converts and checks types and finds missing values, naming the key.
+`check_bounds` then checks every knob's bounds and choices in one pass over the typed `Config`. `trainer.*` is the
+one open section: its names are TRL's and are checked against `trl_fields`. docs/recipe-reference.md is generated
+from these classes (`python -m grpo_launch.compose.reference`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_launch.contracts.inputs import Data, Lora
+from grpo_launch.contracts.knobs import default_of, knob, violation
+from grpo_launch.contracts.proxy import ProxyKnobs
+from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE
+from grpo_launch.errors import UserError, did_you_mean
+
+
+@dataclass(kw_only=True)
+class TinyModel:
+    hidden_size: int = knob(64, "Hidden size of the built-in tiny Qwen2-shaped model.", ge=8)
+    num_layers: int = knob(2, "Decoder layers of the tiny model.", ge=1)
+    num_heads: int = knob(4, "Attention heads of the tiny model.", ge=1)
+    num_kv_heads: int = knob(2, "Key/value heads of the tiny model (divides num_heads).", ge=1)
+    max_position_embeddings: int = knob(128, "Longest sequence the tiny model accepts.", ge=16)
+
+
+@dataclass(kw_only=True)
+class Model:
+    name_or_path: str = knob(doc="Hub id (Qwen/Qwen2.5-Math-7B), a local directory, or 'builtin:tiny' "
+                                 "(a tiny random model and character tokenizer made offline).")
+    revision: str | None = knob(None, "Hub revision (branch, tag or commit); null: the default branch.")
+    dtype: str = knob("bfloat16", "Weights dtype for training and vLLM.",
+                      choices=("bfloat16", "float16", "float32", "auto"))
+    attn_implementation: str | None = knob(None, "transformers attention implementation (sdpa, eager, "
+                                                 "flash_attention_2, ...); null: transformers' choice.")
+    trust_remote_code: bool = knob(False, "Allow model code from the hub repository.")
+    tiny: TinyModel = knob(factory=TinyModel, doc="Shape of the built-in tiny model (name_or_path=builtin:tiny).")
+
+
+@dataclass(kw_only=True)
+class Reward:
+    fn: str = knob(doc="Built-in reward name, 'package.module:function', or 'path/to/file.py:function'.")
+    weight: float = knob(1.0, "Weight of this reward in the sum (TRL reward_weights).")
+
+
+@dataclass(kw_only=True)
+class Cluster:
+    accelerator: str = knob("cuda", "Device kind. cpu runs trainer ranks as CPU processes (gloo) and cannot "
+                                    "host vLLM.", choices=("cuda", "cpu"))
+    nodes: int = knob(1, "Number of machines.", ge=1)
+    gpus_per_node: int = knob(8, "GPUs per machine (with accelerator=cpu: trainer processes per machine).", ge=1)
+    gpu_type: str = knob("H100", "GPU model, for the plan view and the memory estimate.")
+    gpu_memory_gib: float = knob(80.0, "Memory of one GPU in GiB.", gt=0)
+    host_memory_gib: float = knob(2048.0, "CPU memory of one machine in GiB.", gt=0)
+    hosts: list[str] = knob(factory=list, doc="Address of each machine, node 0 first; empty: placeholders "
+                                              "node0, node1, ... (a single node uses 127.0.0.1).")
+
+
+@dataclass(kw_only=True)
+class Placement:
+    kind: str = knob(doc="Where generation runs: colocate (vLLM inside every trainer rank), server (a vLLM "
+                         "server on its own GPUs), async-lora (vLLM replicas behind the routing proxy, "
+                         "LoRA adapters synced through shared storage). Chosen with placement=NAME, whose "
+                         "group file also sets the placement's defaults.")
+    trainer_nodes: int | None = knob(None, "server/async-lora: machines given to the trainer; null: every "
+                                           "machine vLLM leaves whole, or node 0 when vLLM shares one "
+                                           "machine with the trainer.", ge=1)
+
+
+@dataclass(kw_only=True)
+class Vllm:
+    enabled: bool = knob(True, "Generate with vLLM. false: generate with transformers inside the trainer "
+                               "(CPU runs, debugging; colocate only).")
+    server: str = knob("vllm", "What serves vLLM's HTTP API in server placements: vllm (`vllm serve`), or "
+                               "cpu-smoke (grpo-launch's CPU engine for smoke tests without a GPU; not vLLM; "
+                               "async-lora only).", choices=("vllm", "cpu-smoke"))
+    tensor_parallel_size: int = knob(1, "GPUs per vLLM engine (tensor parallelism).", ge=1)
+    data_parallel_size: int | None = knob(None, "vLLM engines. colocate: derived (trainer ranks / TP); server: 1; "
+                                                "async-lora: independent replicas (default 2).", ge=1)
+    sleep_level: int = knob(0, "colocate: 0 keeps vLLM resident; 2 frees its weights and KV cache while "
+                               "training (TRL's sleep mode). Level 1 is not implemented by TRL 1.16.",
+                            choices=(0, 1, 2))
+    gpu_memory_utilization: float = knob(doc="Fraction of GPU memory vLLM may take. Each placement's group file "
+                                             "sets its default (`grpo recipes show` shows it).", gt=0.0, le=1.0)
+    max_model_len: int | None = knob(None, "Longest prompt + completion vLLM serves; null: the model's.", ge=1)
+    port: int = knob(8000, "HTTP port of the first vLLM server on a machine; more servers there take the "
+                           "next free ports.", ge=1, le=65535)
+    group_port: int = knob(51216, "server: NCCL weight-sync rendezvous port, opened on trainer node 0.",
+                           ge=1, le=65535)
+    enable_prefix_caching: bool | None = knob(None, "vLLM automatic prefix caching; null: vLLM's default (on).")
+    enforce_eager: bool = knob(False, "Disable CUDA graphs (faster start, slower generation).")
+    max_loras: int | None = knob(None, "async-lora: adapter slots per replica (--max-loras); null: "
+                                       "max_staleness + 2, the least TRL accepts.", ge=1)
+    max_lora_rank: int | None = knob(None, "async-lora: --max-lora-rank; null: the smallest vLLM rank >= lora.r.",
+                                     ge=1)
+    block_size: int = knob(DEFAULT_BLOCK_SIZE, "KV-cache block size in tokens (--block-size); the proxy hashes "
+                                               "prompts in blocks of this size.", ge=1)
+    extra_args: list[str] = knob(factory=list, doc="More `vllm serve` arguments, appended verbatim.")
+    health_timeout_s: float = knob(1800.0, "How long to wait for a server's /health before failing the run.",
+                                   gt=0)
+    stagger_s: float = knob(10.0, "async-lora: seconds between starting two replicas (spreads the load "
+                                  "of weights from shared storage).", ge=0)
+    max_restarts: int = knob(3, "async-lora: how often the supervisor restarts a replica that dies (the proxy "
+                                "takes it back once healthy); the next death stops the run.", ge=0)
+
+
+@dataclass(kw_only=True)
+class Zero:
+    stage: int = knob(0, "DeepSpeed ZeRO stage; 0: plain data parallel (DDP), no DeepSpeed.", choices=(0, 1, 2, 3))
+    offload_optimizer: bool = knob(False, "Keep optimizer states in CPU memory (stages 1-3).")
+    offload_param: bool = knob(False, "Keep parameters in CPU memory (stage 3).")
+    contiguous_gradients: bool | None = knob(None, "Copy gradients into one buffer (less fragmentation); null: "
+                                                   "DeepSpeed's default.")
+    overlap_comm: bool | None = knob(None, "Overlap gradient reduction with backward; null: DeepSpeed's default.")
+
+
+@dataclass(kw_only=True)
+class Proxy(ProxyKnobs):
+    port: int = knob(8080, "Port of the routing proxy.", ge=1, le=65535)
+    api_key_env: str | None = knob(None, "Name of the environment variable holding the key clients must send; "
+                                         "null: no client auth.")
+    upstream_api_key_env: str | None = knob(None, "Name of the environment variable whose value is sent to "
+                                                  "replicas as a Bearer token.")
+
+
+@dataclass(kw_only=True)
+class Run:
+    root: str = knob("runs", "Directory holding runs/<recipe>/<timestamp>/.")
+    dir: str | None = knob(None, "Exact run directory; null: <root>/<recipe>/<timestamp>.")
+    main_process_port: int = knob(29500, "torch.distributed rendezvous port on trainer node 0.", ge=1, le=65535)
+
+
+@dataclass(kw_only=True)
+class Env:
+    set: dict[str, str] = knob(factory=dict, doc="Literal environment variables for every process (never "
+                                                 "secrets: they are written to the run directory).")
+    passthrough: list[str] = knob(factory=lambda: ["HF_TOKEN", "WANDB_API_KEY"],
+                                  doc="Names of variables passed from your shell to every process; values "
+                                      "are never written anywhere.")
+
+
+@dataclass(kw_only=True)
+class Config:
+    model: Model = knob(factory=Model, doc="The model trained and served.")
+    data: Data = knob(factory=Data, doc="The prompts.")
+    cluster: Cluster = knob(factory=Cluster, doc="The machines.")
+    placement: Placement = knob(factory=Placement, doc="Where generation runs.")
+    description: str = knob("", "One line shown by `grpo recipes`.")
+    seed: int = knob(42, "Random seed (TRL's seed).", ge=0)
+    launcher: str = knob("accelerate", "Starts the trainer ranks.", choices=("accelerate", "torchrun"))
+    rewards: list[Reward] = knob(factory=list, doc="Reward functions, summed with their weights.")
+    vllm: Vllm = knob(factory=Vllm, doc="vLLM engines and servers.")
+    zero: Zero = knob(factory=Zero, doc="DeepSpeed ZeRO.")
+    lora: Lora = knob(factory=Lora, doc="LoRA adapter training.")
+    proxy: Proxy = knob(factory=Proxy, doc="The KV-prefix routing proxy (async-lora).")
+    run: Run = knob(factory=Run, doc="The run directory and rendezvous.")
+    env: Env = knob(factory=Env, doc="Environment of every process.")
+    trainer: dict[str, Any] = knob(factory=dict, doc="TRL arguments by TRL's names (GRPOConfig; AsyncGRPOConfig "
+                                                     "for async-lora), checked against the pinned TRL's fields.")
+
+
+def check_bounds(section: Any, prefix: str = "") -> None:
+    """Every knob's bounds and choices, in one pass over a typed section (lists of sections included)."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        path = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            check_bounds(value, f"{path}.")
+        elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            for i, item in enumerate(value):
+                check_bounds(item, f"{path}[{i}].")
+        elif value is not None:
+            problem = violation(value, f.metadata)
+            if problem:
+                choices = f.metadata.get("choices") or ()
+                hint = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
+                raise UserError(f"'{path}' {problem}{hint}", key=path)
+
+
+def type_at(path: str) -> Any:
+    """The schema's type at a dotted path (list entries by index, optional types unwrapped), or None where the path
+    leaves the schema; inside a free-form mapping, the mapping's value type."""
+    tp: Any = Config
+    for part in path.split("."):
+        origin = typing.get_origin(tp)
+        if origin is list and part.isdigit():
+            tp = typing.get_args(tp)[0]
+        elif origin is dict:
+            tp = typing.get_args(tp)[1]
+        elif dataclasses.is_dataclass(tp) and part in (hints := typing.get_type_hints(tp)):
+            tp = hints[part]
+        else:
+            return None
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
+
+
+def opens_mapping(path: str) -> bool:
+    """Whether a dotted override path reaches into a free-form mapping (trainer.*, env.set.*), where a key may be
+    added; every other key exists in the schema already."""
+    parts = path.split(".")
+    return any(typing.get_origin(type_at(".".join(parts[:n]))) is dict for n in range(1, len(parts) + 1))
+
+
+def schema_keys(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, Any, dict]]:
+    """Every (dotted key, type, default, metadata) of the schema, depth first; used for docs and did-you-mean."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.extend(schema_keys(tp, f"{path}."))
+            continue
+        out.append((path, tp, default_of(cls, f.name), dict(f.metadata)))
+    return out

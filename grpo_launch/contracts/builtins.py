@@ -1,0 +1,20 @@
+"""The built-in parts a recipe can name, and where each lives: a registry that is plain data.
+
+The planner checks names against it without importing anything; the trainer imports the targets.
+"""
+
+# reward name -> "module:function"; the trainer imports the function.
+REWARDS = {
+    "accuracy": "trl.rewards:accuracy_reward",            # math-verify against the `solution` column
+    "think_format": "trl.rewards:think_format_reward",    # <think>...</think> then an answer
+    "length_penalty": "grpo_launch.trainer.rewards:length_penalty",
+    "sevens": "grpo_launch.trainer.rewards:sevens",       # the tiny task's reward
+}
+
+# built-in dataset name -> "module:function" building its rows offline.
+TASKS = {"sevens": "grpo_launch.trainer.tasks:sevens"}
+
+# built-in model name (model.name_or_path=builtin:NAME) -> the module whose `python -m` writes it to a directory.
+MODELS = {"tiny": "grpo_launch.trainer.tiny_model"}
+BUILTIN_MODEL_PREFIX = "builtin:"
+BUILTIN_MODEL_DIR = "model"  # built-in models are made inside the run directory, so a run is self-contained

@@ -1,0 +1,12 @@
+"""Names inside a run directory, shared by the stages that write and read it."""
+
+CONFIG_FILE = "config.yaml"        # the composed config, every key
+OVERRIDES_FILE = "overrides.yaml"  # recipe, command-line overrides, recipe directories (what --resume re-composes)
+PLAN_FILE = "plan.json"            # the plan: what the supervisor and the trainer entrypoint read
+LOGS_DIR = "logs"                  # one log per process
+REWARDS_DIR = "rewards"            # reward functions given as files, copied so the run is self-contained
+METRICS_FILE = "metrics.jsonl"     # the trainer appends one JSON record per logged step
+CURVES_FILE = "reward_curve.png"   # reward, loss, KL and completion length against step
+DEEPSPEED_FILE = "deepspeed.json"  # DeepSpeed's config, when ZeRO is on
+ACCELERATE_FILE = "accelerate.yaml"  # accelerate's config file
+LAUNCH_FILE = "launch.sh"          # replays every process by hand, without grpo-launch

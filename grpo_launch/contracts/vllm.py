@@ -1,0 +1,14 @@
+"""vLLM's names that the planner and the processes must agree on."""
+
+# Ranks vLLM accepts for --max-lora-rank (vllm/config/lora.py).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# vLLM's KV-cache block on GPUs (--block-size); the routing proxy must hash prompts in the replicas' block size.
+DEFAULT_BLOCK_SIZE = 16
+# AsyncGRPOTrainer writes each adapter version under <output_dir>/.vllm_lora/trl-policy-vN, named like that on
+# every replica.
+ADAPTER_SUBDIR = ".vllm_lora"
+ADAPTER_NAME = "trl-policy"
+
+
+def adapter_version_name(version: int) -> str:
+    return f"{ADAPTER_NAME}-v{version}"

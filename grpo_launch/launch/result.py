@@ -1,0 +1,39 @@
+"""What a run ends with: its exit code and every failure, named."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EXIT_INTERRUPTED = 130
+
+
+def exit_code_of(returncode: int) -> int:
+    """A shell-style exit code: a process killed by signal N exits 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One process (or prepare step) that failed on its own, not because the supervisor stopped it."""
+
+    process: str
+    code: int                      # its exit code, shell-style; 1 when it never exited (readiness timeout)
+    reason: str                    # e.g. "exited with code 9 before it was ready"
+    log: Path
+    tail: tuple[str, ...] = ()     # its last log lines
+
+    def __str__(self) -> str:
+        return f"{self.process} {self.reason}"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    code: int                      # 0, the first failure's code, or 130 when interrupted
+    failures: tuple[Failure, ...] = field(default=())  # in the order they happened; the first stopped the run
+    interrupted: bool = False
+    restarts: dict[str, int] = field(default_factory=dict)  # process -> times it was brought back
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0

@@ -1,0 +1,114 @@
+"""Materialize: a plan -> a run directory. The only stage that writes files before launch.
+
+    runs/<recipe>/<timestamp>/
+      config.yaml      the composed config, every key (what the run used)
+      overrides.yaml   the recipe, command-line overrides and recipe directories (what `--resume` re-composes)
+      plan.json        the plan (what the trainer entrypoint and the supervisor read)
+      deepspeed.json, accelerate.yaml, launch.sh   the generated files, reusable without grpo-launch
+      rewards/         reward functions given as files, copied so the run is self-contained
+      logs/            one log per process
+
+A new run directory is written under a temporary name and renamed into place, so a failure leaves nothing
+half-written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo_launch.compose import Composed
+from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.rundir import CONFIG_FILE, LOGS_DIR, OVERRIDES_FILE, PLAN_FILE, REWARDS_DIR
+from grpo_launch.errors import UserError
+from grpo_launch.plan.documents import document_text
+
+
+def config_document(composed: Composed) -> dict[str, Any]:
+    return {"recipe": composed.recipe, "choices": composed.choices, **dataclasses.asdict(composed.config)}
+
+
+def run_files(composed: Composed, plan: Plan, recipe_dirs: list[str]) -> dict[str, str]:
+    """Every file of a run directory, by relative path, as text."""
+    files = {
+        CONFIG_FILE: f"# recipe {composed.recipe}, as composed by grpo-launch\n"
+                     + yaml.safe_dump(config_document(composed), sort_keys=False),
+        OVERRIDES_FILE: yaml.safe_dump({"recipe": composed.recipe, "overrides": list(composed.overrides),
+                                        "recipes_dirs": [str(Path(d).resolve()) for d in recipe_dirs]},
+                                       sort_keys=False),
+        PLAN_FILE: json.dumps(plan.to_json(), indent=2) + "\n",
+    }
+    for name, document in plan.files.items():
+        files[name] = document_text(name, document)
+    return files
+
+
+def reward_sources(composed: Composed) -> list[Path]:
+    """Reward functions given as 'file.py:function': the files to copy, checked to exist."""
+    sources = []
+    for i, reward in enumerate(composed.config.rewards):
+        where = reward.fn.rpartition(":")[0]
+        if where.endswith(".py"):
+            path = Path(where).expanduser()
+            if not path.is_file():
+                raise UserError(f"rewards[{i}].fn names {where}, which does not exist", key=f"rewards[{i}].fn",
+                                hint="give a path relative to where you run grpo, or an absolute one")
+            sources.append(path)
+    names = [p.name for p in sources]
+    if len(set(names)) != len(names):
+        raise UserError("two reward files share a file name; rename one", key="rewards")
+    return sources
+
+
+def new_run_dir(composed: Composed) -> Path:
+    """runs/<recipe>/<timestamp> (run.root), or run.dir when the recipe sets it."""
+    if composed.config.run.dir:
+        return Path(composed.config.run.dir).expanduser()
+    base = Path(composed.config.run.root).expanduser() / composed.recipe / time.strftime("%Y%m%d-%H%M%S")
+    candidate, n = base, 1
+    while candidate.exists():
+        candidate, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return candidate
+
+
+def write_files(root: Path, files: dict[str, str], rewards: list[Path]) -> None:
+    (root / LOGS_DIR).mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        path = root / name
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        if name.endswith(".sh"):
+            path.chmod(0o755)
+    if rewards:
+        (root / REWARDS_DIR).mkdir(exist_ok=True)
+        for source in rewards:
+            shutil.copy2(source, root / REWARDS_DIR / source.name)
+
+
+def materialize(composed: Composed, plan: Plan, recipe_dirs: list[str], run_dir: Path | None = None) -> Path:
+    """Write a new run directory (or, given `run_dir` of an existing run, rewrite its files in place)."""
+    files = run_files(composed, plan, recipe_dirs)
+    rewards = reward_sources(composed)
+    if run_dir is not None and run_dir.exists():
+        write_files(run_dir, files, rewards)
+        return run_dir
+    target = run_dir or new_run_dir(composed)
+    if target.exists():
+        raise UserError(f"run directory {target} already exists", key="run.dir",
+                        hint=f"continue it with `grpo run --resume {target}`, or choose another run.dir")
+    tmp = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write_files(tmp, files, rewards)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target

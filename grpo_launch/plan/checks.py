@@ -1,0 +1,66 @@
+"""Plan-time checks of the recipe's parts that no placement owns: hosts, secrets, data, built-in names."""
+
+from __future__ import annotations
+
+import re
+
+from grpo_launch.compose.schema import Config
+from grpo_launch.contracts.builtins import BUILTIN_MODEL_PREFIX, MODELS, REWARDS, TASKS
+from grpo_launch.errors import UserError, did_you_mean
+
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|(^|_)KEY($|_)", re.IGNORECASE)
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+
+
+def check_hosts(config: Config) -> None:
+    hosts = config.cluster.hosts
+    if hosts and len(hosts) != config.cluster.nodes:
+        raise UserError(f"cluster.hosts lists {len(hosts)} address(es) for {config.cluster.nodes} node(s)",
+                        key="cluster.hosts", hint="give one address per node, node 0 first, or leave it empty")
+
+
+def check_env(config: Config) -> None:
+    for name in config.env.set:
+        if SECRET_NAME.search(name):
+            raise UserError(f"env.set.{name} looks like a secret; values in env.set are written to the run "
+                            f"directory", key=f"env.set.{name}",
+                            hint=f"remove it from env.set and add '{name}' to env.passthrough: its value is then "
+                                 f"read from your shell by name and never written")
+
+
+def check_data(config: Config) -> None:
+    d = config.data
+    if d.source == "builtin" and d.path not in TASKS:
+        raise UserError(f"unknown built-in task '{d.path}'{did_you_mean(d.path, TASKS)}", key="data.path",
+                        hint=f"built-in tasks: {', '.join(TASKS)}")
+    if d.source == "files" and not d.path.endswith(DATA_SUFFIXES):
+        raise UserError(f"data.path '{d.path}' is not a {'/'.join(DATA_SUFFIXES)} file or glob", key="data.path",
+                        hint="use data.source=hub for a dataset on the hub")
+
+
+def reward_target(fn: str, key: str) -> str:
+    """Resolve a reward reference to 'module:function' or 'path.py:function', rejecting malformed ones."""
+    if fn in REWARDS:
+        return REWARDS[fn]
+    if ":" not in fn:
+        raise UserError(f"unknown built-in reward '{fn}'{did_you_mean(fn, REWARDS)}", key=key,
+                        hint=f"built-ins: {', '.join(REWARDS)}; or 'package.module:function' or "
+                             "'path/to/file.py:function'")
+    where, _, func = fn.rpartition(":")
+    if not where or not func.isidentifier():
+        raise UserError(f"'{fn}' is not 'module:function' or 'file.py:function'", key=key)
+    if not where.endswith(".py") and not all(part.isidentifier() for part in where.split(".")):
+        raise UserError(f"'{where}' in '{fn}' is neither a dotted module name nor a .py file", key=key)
+    return fn
+
+
+def builtin_model(name_or_path: str) -> str | None:
+    """The built-in model's name if `name_or_path` names one, else None; unknown built-ins are an error."""
+    if not name_or_path.startswith(BUILTIN_MODEL_PREFIX):
+        return None
+    name = name_or_path[len(BUILTIN_MODEL_PREFIX):]
+    if name not in MODELS:
+        known = [BUILTIN_MODEL_PREFIX + m for m in MODELS]
+        raise UserError(f"unknown built-in model '{name}'{did_you_mean(name, MODELS, prefix=BUILTIN_MODEL_PREFIX)}",
+                        key="model.name_or_path", hint=f"built-ins: {', '.join(known)}")
+    return name

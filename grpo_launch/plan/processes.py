@@ -1,0 +1,114 @@
+"""The processes every placement builds from: the trainer launchers, `vllm serve`, the prepare steps."""
+
+from __future__ import annotations
+
+import json
+
+from grpo_launch.compose.schema import Config
+from grpo_launch.contracts.builtins import BUILTIN_MODEL_DIR, MODELS
+from grpo_launch.contracts.plan import PrepareStep, ProcessSpec
+from grpo_launch.contracts.rundir import ACCELERATE_FILE
+from grpo_launch.errors import UserError
+from grpo_launch.plan.checks import builtin_model
+from grpo_launch.plan.context import Context
+from grpo_launch.plan.layout import Layout
+
+TRAINER_MODULE = "grpo_launch.trainer"
+SERVER_COMMANDS = {"vllm": ("vllm", "serve"), "cpu-smoke": ("python", "-m", "grpo_launch.cpu_server")}
+# `vllm serve`'s batch limits by GPU size (vllm/engine/arg_utils.py get_batch_defaults): (max_num_batched_tokens,
+# max_num_seqs) on GPUs of at least LARGE_GPU_GIB, and below.
+SERVE_BATCH_DEFAULTS = {True: (8192, 1024), False: (2048, 256)}
+LARGE_GPU_GIB = 70
+
+
+def model_path(config: Config) -> str:
+    """What every process loads: the built-in model's directory in the run, or the hub id / local path."""
+    return BUILTIN_MODEL_DIR if builtin_model(config.model.name_or_path) else config.model.name_or_path
+
+
+def prepare_steps(config: Config) -> tuple[PrepareStep, ...]:
+    """Work done once before any process starts: building a built-in model (it needs torch, so not in-process)."""
+    name = builtin_model(config.model.name_or_path)
+    if name is None:
+        return ()
+    t = config.model.tiny
+    argv = ("python", "-m", MODELS[name], "--out", BUILTIN_MODEL_DIR, "--hidden-size",
+            str(t.hidden_size), "--num-layers", str(t.num_layers), "--num-heads", str(t.num_heads),
+            "--num-kv-heads", str(t.num_kv_heads), "--max-position-embeddings", str(t.max_position_embeddings),
+            "--seed", str(config.seed))
+    return (PrepareStep(name=f"{name}-model", argv=argv, creates=BUILTIN_MODEL_DIR),)
+
+
+def base_env(config: Config, gpus: tuple[int, ...]) -> dict[str, str]:
+    env = dict(config.env.set)
+    # An empty CUDA_VISIBLE_DEVICES hides every GPU: CPU runs (and CPU-side processes) never grab one.
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus)) if config.cluster.accelerator == "cuda" else ""
+    return env
+
+
+def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...]) -> list[ProcessSpec]:
+    """One launcher per trainer node: accelerate (reading accelerate.yaml) or torchrun."""
+    config = ctx.config
+    machines = len(layout.trainer_nodes)
+    main_ip = ctx.host(layout.trainer_nodes[0])
+    port = config.run.main_process_port
+    ctx.ports.claim(layout.trainer_nodes[0], port, "the trainer rendezvous", "run.main_process_port")
+    entry = ("-m", TRAINER_MODULE, "--run-dir", ".")
+    out = []
+    for machine_rank, node in enumerate(layout.trainer_nodes):
+        if config.launcher == "accelerate":
+            argv = ["accelerate", "launch", "--config_file", ACCELERATE_FILE]
+            if machines > 1:
+                argv += ["--machine_rank", str(machine_rank)]
+        else:
+            argv = ["torchrun", "--nnodes", str(machines), "--node_rank", str(machine_rank),
+                    "--nproc_per_node", str(len(layout.trainer_gpus)), "--master_addr", main_ip,
+                    "--master_port", str(port)]
+        name = "trainer" if machines == 1 else f"trainer-node{node}"
+        out.append(ProcessSpec(name=name, role="trainer", node=node, gpus=layout.trainer_gpus,
+                               argv=tuple(argv) + entry, env=base_env(config, layout.trainer_gpus),
+                               pass_env=tuple(config.env.passthrough), depends_on=depends_on,
+                               ranks=layout.ranks_on(node)))
+    return out
+
+
+def vllm_serve_argv(config: Config, *, bind: str, port: int, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """`vllm serve` with the flags TRL 1.16's trainers need (what `trl vllm-serve` would exec); the CPU smoke
+    engine takes the same flags."""
+    v, m = config.vllm, config.model
+    argv = [*SERVER_COMMANDS[v.server], model_path(config), "--host", bind, "--port", str(port),
+            "--tensor-parallel-size", str(v.tensor_parallel_size),
+            "--gpu-memory-utilization", str(v.gpu_memory_utilization), "--dtype", m.dtype]
+    if m.revision is not None:
+        argv += ["--revision", m.revision]
+    if v.max_model_len is not None:
+        argv += ["--max-model-len", str(v.max_model_len)]
+    if v.enable_prefix_caching is not None:
+        argv += ["--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching"]
+    if v.enforce_eager:
+        argv += ["--enforce-eager"]
+    if m.trust_remote_code:
+        argv += ["--trust-remote-code"]
+    argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"}),
+             "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1"]
+    return tuple(argv) + extra + tuple(v.extra_args)
+
+
+def serve_batch_limits(config: Config) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of one `vllm serve` engine on this cluster's GPUs."""
+    return SERVE_BATCH_DEFAULTS[config.cluster.gpu_memory_gib >= LARGE_GPU_GIB]
+
+
+def require_servers(config: Config, placement: str, cpu_hint: str = "") -> None:
+    """A placement that generates with servers needs them enabled, and vLLM itself needs GPUs."""
+    if not config.vllm.enabled:
+        raise UserError(f"placement {placement} generates with vLLM servers but vllm.enabled=false",
+                        key="vllm.enabled", hint="set vllm.enabled=true, or use placement=colocate to generate "
+                                                 "with transformers inside the trainer")
+    if config.cluster.accelerator == "cpu" and config.vllm.server == "vllm":
+        hint = "pick a GPU cluster (cluster=1x8-h100-80gb), or placement=colocate with vllm.enabled=false on CPU"
+        raise UserError(f"placement {placement} runs vLLM servers, which need GPUs (cluster.accelerator=cpu)",
+                        key="cluster.accelerator", hint=hint + cpu_hint)
+    if config.vllm.sleep_level:
+        raise UserError(f"vllm.sleep_level={config.vllm.sleep_level} only applies to placement=colocate: a "
+                        f"server keeps its own GPUs", key="vllm.sleep_level", hint="set vllm.sleep_level=0")

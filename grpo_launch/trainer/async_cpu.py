@@ -1,0 +1,139 @@
+"""async-lora on a CPU-only machine, for smoke tests: the trainer's loop made of TRL's own async pieces.
+
+TRL 1.16's AsyncGRPOTrainer cannot be constructed without CUDA (it sizes MFU from the GPU and packs rows for a
+FlashAttention kernel). On such a machine the trainer entrypoint runs this loop instead, which keeps everything that
+crosses a process boundary real and TRL's own:
+- TRL's AsyncRolloutWorker, a spawned child that generates through the routing proxy with the newest adapter
+  version (`trl-policy-vN`) and scores each group with the recipe's rewards;
+- TRL's async VLLMClient, which pauses and resumes the replicas and loads and unloads versioned adapters (through
+  the proxy, which broadcasts them to every replica);
+- TRL's save_lora_adapter, which writes each version to a temporary directory and renames it into place;
+- the same clipped objective as AsyncGRPOTrainer, on the rollouts' token ids, old log-probs and advantages.
+It is not AsyncGRPOTrainer: no FSDP2, no token-budget packing, one process. On a GPU machine the same placement runs
+the real trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.vllm import ADAPTER_NAME, ADAPTER_SUBDIR, adapter_version_name
+from grpo_launch.trainer.response_templates import ensure_response_template
+
+
+def clipped_loss(policy, samples, epsilon_low: float, epsilon_high: float):
+    """AsyncGRPOTrainer's token-level clipped surrogate, averaged over every completion token of the batch."""
+    import torch
+
+    losses, tokens = [], 0
+    for sample in samples:
+        input_ids = torch.as_tensor(sample.input_ids).unsqueeze(0)
+        mask = torch.as_tensor(sample.completion_mask[1:], dtype=torch.bool)
+        logits = policy(input_ids=input_ids).logits[0, :-1].float()
+        log_probs = torch.log_softmax(logits, -1).gather(-1, input_ids[0, 1:, None])[:, 0][mask]
+        old = torch.as_tensor(sample.old_log_probs, dtype=torch.float32)[1:][mask]
+        ratio = torch.exp(log_probs - old)
+        advantage = float(sample.advantage)
+        surrogate = torch.minimum(ratio * advantage,
+                                  torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * advantage)
+        losses.append(-surrogate.sum())
+        tokens += int(mask.sum())
+    return torch.stack(losses).sum() / max(tokens, 1)
+
+
+class AdapterPublisher:
+    """AsyncGRPOTrainer._sync_weight_lora: pause, save vN (temporary dir + rename), load vN everywhere, resume,
+    unload the version that left the staleness window and delete the one before it, then move the version on."""
+
+    def __init__(self, policy, accelerator, client, worker, lora_dir: Path, max_staleness: int) -> None:
+        self.policy, self.accelerator, self.client, self.worker = policy, accelerator, client, worker
+        self.lora_dir, self.max_staleness = lora_dir, max_staleness
+        self.version = 0
+
+    def publish(self) -> dict[str, Any]:
+        from trl.experimental.async_grpo.async_grpo_trainer import save_lora_adapter
+
+        start = time.time()
+        version = self.version + 1
+        name = adapter_version_name(version)
+        self.client.pause()
+        save_lora_adapter(self.policy, self.accelerator, "default", str(self.lora_dir / name))
+        self.client.load_lora_adapter(name, str(self.lora_dir / name))
+        self.client.resume()
+        stale = version - (self.max_staleness + 1)
+        if stale > 0:
+            self.client.unload_lora_adapter(adapter_version_name(stale))
+        if stale > 1:
+            shutil.rmtree(self.lora_dir / adapter_version_name(stale - 1), ignore_errors=True)
+        self.version = version
+        self.worker.update_model_version(version)
+        return {"published": name, "publish_s": round(time.time() - start, 3)}
+
+
+def train_on_cpu(plan: Plan, dataset, reward_funcs, peft_config, metrics_path: Path) -> None:
+    import torch
+    from accelerate import Accelerator
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.experimental.async_grpo import AsyncGRPOConfig, async_rollout_worker
+    from trl.experimental.async_grpo.vllm_client import VLLMClient
+
+    args = AsyncGRPOConfig(**plan.trainer_args)
+    model_path = plan.trainer_inputs.model
+    torch.manual_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    ensure_response_template(tokenizer)
+    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), peft_config)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
+                                  betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+    client = VLLMClient(args.vllm_server_base_url, server_timeout=args.vllm_server_timeout)
+    client.wait_for_server_ready()
+    # The worker only speaks HTTP to the server, but asks that the vllm package be importable; it is not here.
+    async_rollout_worker.is_vllm_available = lambda: True
+    worker = async_rollout_worker.AsyncRolloutWorker(
+        model_name=model_path, lora_name=ADAPTER_NAME, dataset=dataset, reward_funcs=reward_funcs,
+        processing_class=tokenizer, eos_token_ids=[tokenizer.eos_token_id], num_generations=args.num_generations,
+        max_inflight_tasks=args.max_inflight_tasks, queue_maxsize=args.queue_maxsize,
+        vllm_server_url=args.vllm_server_base_url, max_tokens=args.max_completion_length,
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, request_timeout=args.request_timeout)
+    publisher = AdapterPublisher(policy, Accelerator(cpu=True), client, worker,
+                                 Path(args.output_dir).resolve() / ADAPTER_SUBDIR, args.max_staleness)
+    print(f"[grpo-launch] CPU async loop (AsyncGRPOTrainer needs CUDA): {json.dumps(publisher.publish())}",
+          flush=True)
+    worker.start()
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+    dropped = 0
+    try:
+        for step in range(1, args.max_steps + 1):
+            batch = []
+            while len(batch) < per_step:
+                sample = worker.rollout_buffer.get(timeout=args.request_timeout)
+                if publisher.version - sample.model_version > args.max_staleness:
+                    dropped += 1  # generated by a policy older than the staleness window allows
+                    continue
+                batch.append(sample)
+            loss = clipped_loss(policy, batch, args.epsilon, epsilon_high)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            record = {"step": step, "time": time.time(), "loss": float(loss),
+                      "reward": sum(s.metrics["reward"] for s in batch) / len(batch),
+                      "staleness": sum(publisher.version - s.model_version for s in batch) / len(batch),
+                      "model_versions": sorted({s.model_version for s in batch}), "dropped_stale": dropped}
+            if step % args.weight_sync_steps == 0:
+                record.update(publisher.publish())
+            with metrics_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            print(f"[grpo-launch] {json.dumps(record)}", flush=True)
+        worker.check_health(stale_after_s=args.heartbeat_stale_after_s)
+    finally:
+        worker.stop()
+    policy.save_pretrained(Path(args.output_dir) / "final")
+    print(f"[grpo-launch] training finished at step {args.max_steps}", flush=True)

@@ -1,0 +1,200 @@
+"""The trainer entrypoint, run by accelerate or torchrun on every rank: `python -m grpo_launch.trainer --run-dir DIR`.
+
+It reads plan.json from the run directory (it never re-composes the recipe), builds the dataset, reward functions,
+LoRA config and TRL trainer the plan names, trains (resuming from the newest checkpoint when there is one), and
+logs every step to metrics.jsonl. Only the trainer package imports torch and TRL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from grpo_launch.contracts.inputs import Lora
+from grpo_launch.contracts.plan import Plan, load_plan
+from grpo_launch.contracts.rundir import METRICS_FILE, PLAN_FILE, REWARDS_DIR
+from grpo_launch.trainer.data import import_target, load_training_dataset
+
+FINAL_DIR = "final"
+TRAINER_STATE = "trainer_state.json"  # transformers' name, written last into each checkpoint
+
+
+def load_reward(target: str):
+    """'module:function', or 'path/file.py:function' (copied into the run's rewards/ by `grpo run`)."""
+    where, _, func = target.rpartition(":")
+    if where.endswith(".py"):
+        # Imported by module name from rewards/ (not from a file spec) so it pickles into TRL's worker processes.
+        sys.path.insert(0, str(Path(REWARDS_DIR).resolve()))
+        return import_target(f"{Path(where).stem}:{func}")
+    return import_target(target)
+
+
+def _metrics_callback(path: Path):
+    from transformers import TrainerCallback
+
+    class MetricsToJsonl(TrainerCallback):
+        """Appends every log record of the main process to metrics.jsonl (step, wall time, TRL's metrics)."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero and logs:
+                record = {"step": state.global_step, "time": time.time(), **logs}
+                with path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+
+    return MetricsToJsonl()
+
+
+def peft_config(lora: Lora | None):
+    if lora is None:
+        return None
+    from peft import LoraConfig
+
+    targets = lora.target_modules
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, task_type="CAUSAL_LM",
+                      target_modules=targets[0] if targets == ["all-linear"] else targets)
+
+
+def _untie_output_head(async_grpo_trainer) -> None:
+    """FSDP2 cannot place one parameter in two shard groups, and accelerate shards embed_tokens apart from the root
+    that holds lm_head: a model with tied embeddings (Qwen2.5-Math-1.5B) dies in prepare ("is shared with a
+    parameter already managed by another FSDP group"). Give lm_head its own copy when the model is created. Numerically
+    inert for LoRA, which trains neither; the replicas keep serving the original tied checkpoint."""
+    import torch
+
+    create = async_grpo_trainer.create_model_from_path
+
+    def create_untied(model_id, **kwargs):
+        model = create(model_id, **kwargs)
+        if getattr(model.config, "tie_word_embeddings", False):
+            model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+            model.config.tie_word_embeddings = False
+        return model
+
+    async_grpo_trainer.create_model_from_path = create_untied
+
+
+def _common(plan: Plan, dataset, rewards) -> dict:
+    return dict(model=plan.trainer_inputs.model, reward_funcs=rewards, train_dataset=dataset,
+                peft_config=peft_config(plan.trainer_inputs.lora), callbacks=[_metrics_callback(Path(METRICS_FILE))])
+
+
+def train_grpo(plan: Plan, dataset, rewards) -> None:
+    from trl import GRPOConfig, GRPOTrainer
+
+    if plan.accelerator == "cpu":
+        _allow_indexed_cpu_locations()
+    run_trainer(GRPOTrainer(args=GRPOConfig(**plan.trainer_args), **_common(plan, dataset, rewards)))
+
+
+def train_async_grpo(plan: Plan, dataset, rewards) -> None:
+    if plan.accelerator == "cpu":  # AsyncGRPOTrainer needs CUDA: run TRL's async pieces in a loop of our own
+        from grpo_launch.trainer.async_cpu import train_on_cpu
+
+        return train_on_cpu(plan, dataset, rewards, peft_config(plan.trainer_inputs.lora), Path(METRICS_FILE))
+    from transformers import AutoTokenizer
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer
+
+    from grpo_launch.trainer.response_templates import ensure_response_template
+    from grpo_launch.trainer.tree_attention import use_sdpa_tree_attention
+
+    if plan.trainer_inputs.attn_implementation == "sdpa":
+        use_sdpa_tree_attention()
+    _untie_output_head(async_grpo_trainer)
+    tokenizer = AutoTokenizer.from_pretrained(plan.trainer_inputs.model)
+    ensure_response_template(tokenizer)
+    run_trainer(AsyncGRPOTrainer(args=AsyncGRPOConfig(**plan.trainer_args), processing_class=tokenizer,
+                                 **_common(plan, dataset, rewards)))
+
+
+# What the trainer entrypoint runs, by the plan's TrainerInputs.trainer (contracts.plan.TRAINERS).
+TRAINERS = {"grpo": train_grpo, "async-grpo": train_async_grpo}
+
+
+def _allow_indexed_cpu_locations() -> None:
+    """Multi-process CPU runs give each rank the device 'cpu:N', and transformers resumes the optimizer with
+    torch.load(map_location=args.device), which torch cannot map ("don't know how to restore data location ...
+    tagged with cpu:0"). A deserializer for 'cpu:N' keeps such tensors on the CPU, where they already are."""
+    import torch
+
+    def on_cpu(obj, location: str):
+        return obj if location.startswith("cpu:") else None
+
+    torch.serialization.register_package(99, lambda obj: None, on_cpu)
+
+
+def newest_complete_checkpoint(output_dir: str) -> str | None:
+    """The newest checkpoint-N that was written to the end: transformers writes trainer_state.json last, so a run
+    stopped while saving leaves a checkpoint without it, which resume must skip."""
+    if not os.path.isdir(output_dir):
+        return None
+    steps = [(int(found.group(1)), name) for name in os.listdir(output_dir)
+             if (found := re.fullmatch(r"checkpoint-(\d+)", name))
+             and os.path.isfile(os.path.join(output_dir, name, TRAINER_STATE))]
+    return os.path.join(output_dir, max(steps)[1]) if steps else None
+
+
+def run_trainer(trainer) -> None:
+    """Train a TRL trainer to the end, resuming from the newest complete checkpoint when there is one."""
+    state = trainer.accelerator.state
+    print(f"[grpo-launch] rank {state.process_index} of {state.num_processes} ({state.distributed_type}, "
+          f"{state.device})", flush=True)
+    output_dir = trainer.args.output_dir
+    checkpoint = newest_complete_checkpoint(output_dir)
+    if checkpoint and trainer.accelerator.is_main_process:
+        print(f"[grpo-launch] resuming from {checkpoint}", flush=True)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.save_model(os.path.join(output_dir, FINAL_DIR))
+    if trainer.accelerator.is_main_process:
+        print(f"[grpo-launch] training finished at step {trainer.state.global_step}", flush=True)
+
+
+def train(plan: Plan) -> None:
+    inputs = plan.trainer_inputs
+    dataset = load_training_dataset(inputs.data, plan.trainer_args["seed"], chat=inputs.chat_prompts)
+    rewards = [load_reward(r.target) for r in inputs.rewards]
+    TRAINERS[inputs.trainer](plan, dataset, rewards)
+
+
+def _exit(code: int) -> None:
+    """Leave without running interpreter teardown: in about 1 of 10 multi-process CPU runs, a joinable C++ thread
+    destroyed at teardown aborts rank 0 after training finished (SIGABRT). A barrier, destroy_process_group, a
+    flush and os._exit prevented it in 20 of 20 runs."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            if code == 0:
+                dist.barrier()
+            dist.destroy_process_group()
+    except Exception:  # a broken process group must not hide the training result
+        traceback.print_exc()
+        code = code or 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--run-dir", default=".", help="the run directory holding plan.json")
+    args = parser.parse_args()
+    os.chdir(args.run_dir)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    code = 0
+    try:
+        train(load_plan(PLAN_FILE))
+    except BaseException:  # noqa: BLE001  (every failure must reach _exit, which passes the code on)
+        traceback.print_exc()
+        code = 1
+    _exit(code)
+
+
+if __name__ == "__main__":
+    main()

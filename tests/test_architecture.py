@@ -1,0 +1,118 @@
+"""The tree matches docs/architecture.md: every room imports only what its row of the table allows, the table
+itself has no cycle, no module imports itself in a cycle, and nothing outside a placement's module compares a
+placement's name."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "grpo_launch"
+
+
+def allowed_imports() -> dict[str, set[str]]:
+    """Room -> the rooms it may import, from the table in docs/architecture.md."""
+    rows = re.findall(r"^\| `(\w+)` \| .* \| (.+) \|$", (ROOT / "docs" / "architecture.md").read_text(), re.M)
+    table = {}
+    for room, allowed in rows:
+        table[room] = {"*"} if allowed.strip() == "every room" else set(re.findall(r"`(\w+)`", allowed))
+    return table
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def room_of(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def imports_of(module: str) -> set[str]:
+    """Every grpo_launch module `module` imports, anywhere in its body (lazy imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{module}: grpo-launch imports absolutely"
+            base = node.module or ""
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.startswith("grpo_launch"):
+                while name not in MODULES:
+                    name = name.rpartition(".")[0]
+                found.add(name)
+    found.discard(module)
+    return found
+
+
+GRAPH = {m: imports_of(m) for m in MODULES}
+
+
+def test_every_room_is_in_the_table():
+    rooms = {room_of(m) for m in MODULES if m != "grpo_launch"}
+    assert rooms == set(allowed_imports()), "docs/architecture.md's table and the tree disagree"
+
+
+def test_rooms_import_only_what_the_table_allows():
+    table = allowed_imports()
+    wrong = []
+    for module, targets in GRAPH.items():
+        room = room_of(module)
+        for target in targets:
+            other = room_of(target)
+            if other != room and "*" not in table[room] and other not in table[room]:
+                wrong.append(f"{module} imports {target} ({room} may import {sorted(table[room]) or 'nothing'})")
+    assert not wrong, "\n".join(wrong)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_room_table_has_no_cycle():
+    table = {room: allowed - {"*"} for room, allowed in allowed_imports().items()}
+    assert _cycle(table) is None
+
+
+def test_no_import_cycle_between_modules():
+    cycle = _cycle(GRAPH)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_placement_names_are_compared_only_in_their_own_modules():
+    names = ("colocate", "server", "async-lora", "GRPOConfig", "AsyncGRPOConfig")
+    quoted = "|".join(map(re.escape, names))
+    comparison = re.compile(rf"""(==|!=|\bin)\s*\(?["']({quoted})["']""")
+    found = []
+    for module, path in MODULES.items():
+        if module.startswith("grpo_launch.plan.placements.") or module == "grpo_launch.compose.trl_fields":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if comparison.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
