@@ -1,10 +1,17 @@
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# DeepSpeed compiles ops on first use; keep them where every test (and CI's later steps) finds them.
+RUN_ENV = {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions")),
+           "COLUMNS": "200"}
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +33,15 @@ def grpo(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedP
     """Run the real `grpo` console entry point in a subprocess."""
     return subprocess.run([sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", *args],
                           capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=120)
+
+
+def grpo_run(tmp_path, *overrides, env=None, timeout=600) -> tuple[subprocess.CompletedProcess, Path | None]:
+    """`grpo run` under tmp_path/runs: its result and the run directory it names."""
+    result = subprocess.run([sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
+                             f"run.root={tmp_path / 'runs'}", *overrides], capture_output=True, text=True,
+                            env={**os.environ, **RUN_ENV, **(env or {})}, cwd=tmp_path, timeout=timeout)
+    match = re.search(r"run directory: (\S+)", result.stdout)
+    return result, Path(match.group(1)) if match else None
 
 
 def plan_json(*overrides: str) -> dict:

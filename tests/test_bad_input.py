@@ -62,6 +62,19 @@ BAD_PLAN_INPUTS = [
     (["zero.offload_param=true"], "zero.offload_param needs ZeRO stage 3"),
     (["zero.offload_optimizer=true"], "zero.offload_optimizer needs DeepSpeed"),
     (["cluster.hosts=[a,b]"], "lists 2 address(es) for 1 node(s)"),
+    # scale-out: schedulers and machines
+    (["scheduler=slurn"], "unknown scheduler option 'slurn'; did you mean 'slurm'?"),
+    (["scheduler.kind=pbs"], "'scheduler.kind' must be one of local, slurm, skypilot"),
+    (["scheduler=slurm", "cluster.nodes=2", "cluster.hosts=[a,b]"], "scheduler=slurm picks the machines"),
+    (["scheduler=skypilot", "cluster.hosts=[a]"], "scheduler=skypilot picks the machines"),
+    (["recipe=qwen72b-colocate", "cluster.hosts=[h0,h1,h1,h3]"], "gives nodes 1 and 2 the same machine h1"),
+    (["recipe=qwen72b-colocate", "scheduler=slurm", "scheduler.slurm.gpus_per_node=4"],
+     "the plan places work on cluster.gpus_per_node=8 GPUs"),
+    (["scheduler=slurm", "scheduler.slurm.gres=gpu:2", "scheduler.slurm.gpus_per_node=2"], "both request GPUs"),
+    (["cluster.nodes=2", "run.rendezvous_timeout_s=0"], "'run.rendezvous_timeout_s' must be > 0"),
+    # two nodes on one machine share its ports
+    (["recipe=tiny-cpu-async-lora", "cluster.nodes=2", "proxy.port=8000"],
+     "port 8000 on nodes 1 and 0 (both 127.0.0.1) is wanted by both vLLM replica 0 and the routing proxy"),
     # TRL's batch rules with the plan's world size
     (["trainer.per_device_train_batch_size=3"], "must be divisible by trainer.num_generations=4"),
     (["trainer.num_generations=1"], "it needs >= 2"),

@@ -21,12 +21,14 @@ def test_qwen72b_server_uses_a_fifth_node_for_vllm():
     assert vllm["argv"][vllm["argv"].index("--host") + 1] == "0.0.0.0"
     trainers = _procs(plan, "trainer")
     assert [t["node"] for t in trainers] == [0, 1, 2, 3] and plan["world_size"] == 32
-    assert plan["trainer_args"]["vllm_server_base_url"] == "http://node4:8000"
+    # No cluster.hosts on GPUs: each node's address is read where the job runs (GRPO_HOST_K).
+    assert plan["trainer_args"]["vllm_server_base_url"] == "http://${GRPO_HOST_4}:8000"
     assert plan["trainer_args"]["vllm_group_port"] == 51216
     assert any("4 GPU(s) idle: node 4 GPU 0" in w for w in plan["warnings"])
     assert [t["argv"][t["argv"].index("--machine_rank") + 1] for t in trainers] == ["0", "1", "2", "3"]
     acc = plan["files"]["accelerate.yaml"]
-    assert (acc["num_machines"], acc["num_processes"], acc["main_process_ip"]) == (4, 32, "node0")
+    assert (acc["num_machines"], acc["num_processes"], acc["main_process_ip"]) == (4, 32, "${GRPO_HOST_0}")
+    assert [t["argv"][t["argv"].index("--main_process_ip") + 1] for t in trainers] == ["${GRPO_HOST_0}"] * 4
 
 
 def test_cluster_hosts_are_used_in_urls_and_rendezvous():

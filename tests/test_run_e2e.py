@@ -11,23 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import grpo
+from conftest import RUN_ENV as ENV
+from conftest import grpo, grpo_run
 
 from grpo_launch.launch import curves
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
-# DeepSpeed compiles ops on first use; keep them where every test (and CI's later steps) finds them.
-ENV = {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions")),
-       "COLUMNS": "200"}
-
-
-def grpo_run(tmp_path, *overrides, env=None):
-    result = grpo("run", f"run.root={tmp_path / 'runs'}", *overrides, env={**ENV, **(env or {})}, cwd=tmp_path)
-    match = re.search(r"run directory: (\S+)", result.stdout)
-    return result, Path(match.group(1)) if match else None
-
-
 def ranks_started(run_dir: Path) -> set[str]:
     return set(re.findall(r"\[grpo-launch\] rank (\d+) of (\d+)", (run_dir / "logs" / "trainer.log").read_text()))
 

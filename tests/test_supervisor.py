@@ -220,6 +220,7 @@ def test_ctrl_c_stops_every_process(tmp_path, presses):
     proc.send_signal(signal.SIGINT)
     _read_until(proc, "stopping (Ctrl-C again to kill at once)", seen)
     if presses == 2:
+        _read_until(proc, "stand-in server ignoring SIGTERM", seen)  # the first press's SIGTERM arrived
         proc.send_signal(signal.SIGINT)
         _read_until(proc, "killing every process now", seen)
     out, _ = proc.communicate(timeout=30)

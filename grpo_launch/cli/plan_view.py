@@ -43,6 +43,23 @@ def _processes(plan: Plan) -> Table:
     return table
 
 
+def _scheduler(plan: Plan, console: Console) -> None:
+    """Who starts what on which node, and how each process learns its node's rank and the addresses."""
+    s = plan.scheduler
+    job = f" · job file {s.job_file} · submitted with `{' '.join(s.submit)}` in the run directory" if s.job_file else ""
+    console.print(f"[bold]scheduler[/] {s.kind}{job}")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("", "nodes", "processes", "started by", "ends"):
+        table.add_column(col, overflow="fold")
+    for g in s.groups:
+        nodes = ",".join(map(str, g.nodes))
+        table.add_row(g.name, nodes, ", ".join(g.processes) or "-", g.command, g.ends)
+    console.print(table)
+    console.print(f"[bold]node rank[/] {s.node_rank}")
+    console.print(f"[bold]addresses[/] {s.addresses}: " +
+                  ", ".join(f"node {n} {host}" for n, host in enumerate(plan.hosts)))
+
+
 def vllm_settings_line(v: VllmSettings) -> str:
     """'key=value, ...' for every setting the placement resolved (LoRA slots flattened)."""
     values = {k: val for k, val in dataclasses.asdict(v).items() if k not in ("enabled", "engine", "lora")}
@@ -72,6 +89,8 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
     console.print()
     console.print(_processes(plan))
     console.print()
+    _scheduler(plan, console)
+    console.print()
     print_memory(plan.memory, console)
     console.print()
     console.print("[bold]files[/]     " + "  ".join(plan.files))
@@ -80,4 +99,4 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
     if show_files:
         for name, document in plan.files.items():
             console.rule(name)
-            console.print(document_text(name, document), markup=False)
+            console.print(document_text(name, document), markup=False, soft_wrap=True)

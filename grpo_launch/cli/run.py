@@ -67,7 +67,9 @@ def run(
                                                   "(its stored overrides when you give none)."),
     force: bool = typer.Option(False, "--force", help="Launch even when the memory estimate says the layout does not "
                                "fit; with --resume, also accept a config that changed since the run."),
-    node_rank: int = typer.Option(0, "--node-rank", help="On a multi-node plan, start this node's processes."),
+    node_rank: int | None = typer.Option(
+        None, "--node-rank", metavar="K", help="Start only node K's processes: on each machine of a multi-node plan "
+                                               "whose nodes are other machines (the same run.dir on shared storage)."),
     grace_s: float = typer.Option(15.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping."),
     recipes_dir: list[str] | None = RecipesDirOption,
 ) -> None:
@@ -89,9 +91,7 @@ def run(
         from grpo_launch.plan.advisor import check_fit
 
         check_fit(composed, the_plan)  # an out-of-memory layout fails here, not twenty minutes into the run
-    if not 0 <= node_rank < the_plan.nodes:
-        raise UserError(f"--node-rank {node_rank} is not a node of this plan (0..{the_plan.nodes - 1})",
-                        key="--node-rank")
+    nodes = nodes_to_run(the_plan, node_rank)
     console = Console(highlight=False)
     if resume is not None:
         import yaml
@@ -113,25 +113,57 @@ def run(
         for name, text in run_files(composed, the_plan, dirs).items():
             console.rule(name)
             console.print(text, markup=False, soft_wrap=True)
+        if the_plan.scheduler.submit:
+            console.print(f"[bold]would then run[/] {' '.join(the_plan.scheduler.submit)} (in the run directory)")
         return
-    if the_plan.nodes > 1 and composed.config.run.dir is None and resume is None:
-        console.print("[yellow]multi-node plan: start `grpo run` on every node with --node-rank K and the same "
-                      "run.dir on shared storage[/]")
-    _launch(composed, the_plan, dirs, resume, node_rank, grace_s, console)
+    if the_plan.scheduler.kind == "local":
+        _launch(composed, the_plan, dirs, resume, nodes, node_rank is not None, grace_s, console)
+    else:
+        _submit(composed, the_plan, dirs, resume, console)
 
 
-def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | None, node_rank: int,
+def nodes_to_run(plan: Plan, node_rank: int | None) -> list[int]:
+    """The nodes this `grpo run` starts: --node-rank's, or every node when all of them are this machine."""
+    from grpo_launch.errors import UserError
+
+    kind = plan.scheduler.kind
+    if node_rank is not None:
+        if kind != "local":
+            raise UserError(f"--node-rank is for scheduler=local; the {kind} job starts every node itself",
+                            key="--node-rank", hint="drop --node-rank")
+        if not 0 <= node_rank < plan.nodes:
+            raise UserError(f"--node-rank {node_rank} is not a node of this plan (0..{plan.nodes - 1})",
+                            key="--node-rank")
+        return [node_rank]
+    groups = plan.scheduler.groups
+    if kind == "local" and len(groups) > 1:
+        raise UserError(f"the {plan.nodes} nodes of this plan are other machines ({plan.scheduler.addresses})",
+                        key="--node-rank", hint="start `grpo run --node-rank K` on each machine with the same run.dir "
+                                                "on shared storage, or let a scheduler do it: scheduler=slurm or "
+                                                "scheduler=skypilot")
+    return list(range(plan.nodes))
+
+
+def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | None, nodes: list[int], join: bool,
             grace_s: float, console: Console) -> None:
     from grpo_launch.launch import curves
-    from grpo_launch.launch.preflight import check_ports_free
-    from grpo_launch.launch.supervisor import supervise
+    from grpo_launch.launch.node import prepare_node, run_nodes
     from grpo_launch.materialize import materialize
 
-    check_ports_free(the_plan, node_rank)
-    run_dir = materialize(composed, the_plan, dirs, run_dir=resume).resolve()
+    prepared = prepare_node(the_plan, nodes, console)  # addresses, ports, environment: before anything is written
+    run_dir = materialize(composed, the_plan, dirs, run_dir=resume, join=join).resolve()
     console.print(f"[bold]run directory[/] {run_dir}")
+    if join and the_plan.nodes > 1:
+        console.print(f"[yellow]node {nodes[0]} of {the_plan.nodes}: start the others (`grpo run --node-rank K`, the "
+                      f"same run.dir) within run.rendezvous_timeout_s[/]")
     curves.preload_plotting()
-    code = supervise(the_plan, run_dir, node=node_rank, grace_s=grace_s, console=console).code
+    code = run_nodes(prepared, run_dir, nodes, grace_s=grace_s, console=console).code
+    _finish(composed, run_dir, code, console)
+
+
+def _finish(composed: Composed, run_dir: Path, code: int, console: Console) -> None:
+    from grpo_launch.launch import curves
+
     records = curves.read_metrics(run_dir)
     if records:
         curve = curves.plot(run_dir, records, f"{composed.recipe} ({run_dir.name})")
@@ -142,3 +174,36 @@ def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | 
     console.print(f"[bold]{'done' if code == 0 else 'failed'}[/] run directory: {run_dir}")
     if code:
         raise typer.Exit(code)
+
+
+# scheduler: (where its nodes find the run directory, what to do where the scheduler is not installed)
+SCHEDULED = {
+    "slurm": ("every node must see it: shared storage",
+              "Slurm is not installed here: nothing submitted. On a Slurm login node, with the run directory on "
+              "shared storage:"),
+    "skypilot": ("SkyPilot copies it to every node as the task's workdir",
+                 "SkyPilot is not installed here: nothing launched. Install it with your cloud's extra (pip install "
+                 "'skypilot[aws]', [gcp], [kubernetes], ...), check it with `sky check`, then:"),
+}
+
+
+def _submit(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | None, console: Console) -> None:
+    """A scheduler's job: write the run directory (the job file in it), submit it from there and follow it."""
+    import shlex
+    import shutil
+
+    from grpo_launch.launch import skypilot, slurm
+    from grpo_launch.materialize import materialize
+
+    where, missing = SCHEDULED[the_plan.scheduler.kind]
+    run_dir = materialize(composed, the_plan, dirs, run_dir=resume).resolve()
+    console.print(f"[bold]run directory[/] {run_dir} ({where})")
+    if shutil.which(the_plan.scheduler.submit[0]) is None:
+        console.print(f"[yellow]{missing}[/]\n  cd {shlex.quote(str(run_dir))} && "
+                      f"{shlex.join(the_plan.scheduler.submit)}")
+        return
+    if the_plan.scheduler.kind == "slurm":
+        code = slurm.submit_and_follow(the_plan, run_dir, console, poll_s=composed.config.scheduler.slurm.poll_s)
+    else:
+        code = skypilot.launch(the_plan, run_dir, console)
+    _finish(composed, run_dir, code, console)

@@ -18,7 +18,7 @@ import yaml
 from grpo_launch.errors import UserError, did_you_mean
 
 ENV_VAR = "GRPO_RECIPES_PATH"
-GROUPS = ("cluster", "model", "data", "placement", "zero", "recipe")
+GROUPS = ("cluster", "model", "data", "placement", "zero", "scheduler", "recipe")
 PRIMARY = "config"  # the primary config's name (compose/primary/config.yaml)
 
 

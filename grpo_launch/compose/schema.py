@@ -59,8 +59,11 @@ class Cluster:
     gpu_type: str = knob("H100", "GPU model, for the plan view and the memory estimate.")
     gpu_memory_gib: float = knob(80.0, "Memory of one GPU in GiB.", gt=0)
     host_memory_gib: float = knob(2048.0, "CPU memory of one machine in GiB.", gt=0)
-    hosts: list[str] = knob(factory=list, doc="Address of each machine, node 0 first; empty: placeholders "
-                                              "node0, node1, ... (a single node uses 127.0.0.1).")
+    hosts: list[str] = knob(factory=list, doc="Address of each machine, node 0 first. Empty: one node, or "
+                                              "several CPU nodes with scheduler=local, run on this machine "
+                                              "(127.0.0.1); otherwise node K's address is read where the job "
+                                              "runs from GRPO_HOST_K, which the Slurm and SkyPilot job files "
+                                              "set.")
 
 
 @dataclass(kw_only=True)
@@ -135,6 +138,45 @@ class Run:
     root: str = knob("runs", "Directory holding runs/<recipe>/<timestamp>/.")
     dir: str | None = knob(None, "Exact run directory; null: <root>/<recipe>/<timestamp>.")
     main_process_port: int = knob(29500, "torch.distributed rendezvous port on trainer node 0.", ge=1, le=65535)
+    rendezvous_timeout_s: float = knob(600.0, "Several trainer nodes: how long trainer node 0 waits for the "
+                                              "others to join the rendezvous (and they for it) before the run "
+                                              "fails.", gt=0)
+
+
+@dataclass(kw_only=True)
+class Slurm:
+    partition: str | None = knob(None, "#SBATCH --partition; null: the cluster's default partition.")
+    account: str | None = knob(None, "#SBATCH --account to charge.")
+    qos: str | None = knob(None, "#SBATCH --qos.")
+    time_limit: str | None = knob(None, "#SBATCH --time, e.g. 2-00:00:00; null: the partition's limit.")
+    gpus_per_node: int | None = knob(None, "#SBATCH --gpus-per-node; null: cluster.gpus_per_node on GPUs, none "
+                                           "on CPU.", ge=0)
+    gres: str | None = knob(None, "#SBATCH --gres instead of --gpus-per-node, e.g. gpu:h100:8.")
+    sbatch: list[str] = knob(factory=list, doc="More #SBATCH options, verbatim, e.g. --constraint=h100 or "
+                                               "--mem=0.")
+    poll_s: float = knob(1.0, "How often `grpo run` reads the job's state from scontrol.", gt=0)
+
+
+@dataclass(kw_only=True)
+class SkyPilot:
+    cluster_name: str | None = knob(None, "`sky launch -c NAME`; null: grpo-<recipe>.")
+    cloud: str | None = knob(None, "resources.cloud (aws, gcp, kubernetes, ...); null: SkyPilot picks.")
+    accelerators: str | None = knob(None, "resources.accelerators; null: <cluster.gpu_type>:<cluster.gpus_per_node> "
+                                          "on GPUs, none on CPU.")
+    use_spot: bool = knob(False, "resources.use_spot.")
+    disk_size: int | None = knob(None, "resources.disk_size in GB.", ge=1)
+
+
+@dataclass(kw_only=True)
+class Scheduler:
+    kind: str = knob(doc="Who starts the processes on the machines: local (`grpo run` itself: every node from "
+                         "one command when all are this machine, else `grpo run --node-rank K` on each), slurm (a "
+                         "batch job, job.sbatch), skypilot (a SkyPilot task, task.yaml). Chosen with "
+                         "scheduler=NAME.", choices=("local", "slurm", "skypilot"))
+    setup: list[str] = knob(factory=list, doc="slurm, skypilot: shell commands run on the nodes before "
+                                              "anything else (module load ..., source .venv/bin/activate).")
+    slurm: Slurm = knob(factory=Slurm, doc="scheduler=slurm: the batch job's resources.")
+    skypilot: SkyPilot = knob(factory=SkyPilot, doc="scheduler=skypilot: the task's resources.")
 
 
 @dataclass(kw_only=True)
@@ -161,6 +203,7 @@ class Config:
     lora: Lora = knob(factory=Lora, doc="LoRA adapter training.")
     proxy: Proxy = knob(factory=Proxy, doc="The KV-prefix routing proxy (async-lora).")
     run: Run = knob(factory=Run, doc="The run directory and rendezvous.")
+    scheduler: Scheduler = knob(factory=Scheduler, doc="How the processes reach the machines.")
     env: Env = knob(factory=Env, doc="Environment of every process.")
     trainer: dict[str, Any] = knob(factory=dict, doc="TRL arguments by TRL's names (GRPOConfig; AsyncGRPOConfig "
                                                      "for async-lora), checked against the pinned TRL's fields.")

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_launch.contracts import hosts
 from grpo_launch.contracts.inputs import Data, Lora
 from grpo_launch.contracts.memory import MemoryEstimate
 from grpo_launch.contracts.rundir import ACCELERATE_FILE, PLAN_FILE
@@ -26,6 +28,14 @@ class Restart:
 
     max_restarts: int
     backoff_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What a line of a failed process's output means: the first match names the failure's cause."""
+
+    pattern: str                               # a regular expression searched in each output line
+    reason: str                                # the cause, in words, with how to fix it
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class ProcessSpec:
     ranks: tuple[int, ...] = ()                # trainer: the global ranks this launcher starts
     start_delay_s: float = 0.0                 # wait this long after the previous process of its role started
     restart: Restart | None = None             # None: its death stops the run
+    diagnoses: tuple[Diagnosis, ...] = ()      # known failure messages and their causes
 
 
 @dataclass(frozen=True)
@@ -129,6 +140,30 @@ class PortClaim:
 
 
 @dataclass(frozen=True)
+class NodeGroup:
+    """Nodes a scheduler starts alike (one Slurm step; every SkyPilot node; one `grpo run`)."""
+
+    name: str
+    nodes: tuple[int, ...]
+    processes: tuple[str, ...]                 # the plan's processes on these nodes, in start order
+    command: str                               # what starts them on each node, as the job file says it
+    ends: str                                  # when the group ends, in words
+
+
+@dataclass(frozen=True)
+class SchedulerPlan:
+    """How the processes reach the machines: the scheduler, its job file, how each node learns its index and the
+    addresses, and which nodes run what."""
+
+    kind: str                                  # local, slurm, skypilot
+    job_file: str | None                       # the run-directory file the scheduler runs
+    submit: tuple[str, ...]                    # the command that submits it, run in the run directory
+    node_rank: str                             # how each node learns its index, in words
+    addresses: str                             # how the nodes' addresses reach the processes, in words
+    groups: tuple[NodeGroup, ...]
+
+
+@dataclass(frozen=True)
 class Plan:
     recipe: str
     placement: str
@@ -152,6 +187,7 @@ class Plan:
     trainer_args: dict[str, Any]
     trainer_inputs: TrainerInputs
     batch: dict[str, Any]                      # TRL's derived batch sizes, checked at plan time
+    scheduler: SchedulerPlan | None = None     # who starts the processes on the machines
     warnings: tuple[str, ...] = field(default=())
     memory: MemoryEstimate | None = None       # per GPU and phase, and per node's host memory
 
@@ -165,6 +201,14 @@ class Plan:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
         return build(cls, data)
+
+    def with_addresses(self, env: Mapping[str, str]) -> Plan:
+        """This plan with every node address the job's environment gives (`${GRPO_HOST_K}`, see `contracts.hosts`)
+        filled in; a plan without such references comes back unchanged."""
+        data = self.to_json()
+        if not hosts.variables_in(data):
+            return self
+        return dataclasses.replace(Plan.from_json(hosts.resolve(data, env)), memory=self.memory)  # JSON rounds it
 
     def process(self, name: str) -> ProcessSpec:
         return next(p for p in self.processes if p.name == name)

@@ -22,26 +22,37 @@ from grpo_launch.launch.result import RunResult
 COLORS = ("green", "magenta", "cyan", "yellow", "blue", "bright_red", "bright_green", "bright_magenta")
 
 
+class LogTail:
+    """The new complete lines of a growing file (a line still being written waits for the next read)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def lines(self) -> list[str]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                complete = f.read().rpartition(b"\n")[0]
+        except OSError:
+            return []
+        if not complete:
+            return []
+        self.offset += len(complete) + 1
+        return complete.decode(errors="replace").splitlines()
+
+
 class TrainingProgress:
     """A progress bar fed by the trainer's metrics.jsonl: steps done of max_steps, and the latest reward."""
 
     def __init__(self, metrics: Path, total_steps: int) -> None:
-        self.metrics = metrics
-        self.offset = 0
+        self.metrics = LogTail(metrics)
         self.bar = Progress(SpinnerColumn(), TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("steps"), TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
         self.task: TaskID = self.bar.add_task("training", total=total_steps if total_steps > 0 else None, info="")
 
     def update(self) -> None:
-        if not self.metrics.exists():
-            return
-        with self.metrics.open("rb") as f:
-            f.seek(self.offset)
-            complete = f.read().rpartition(b"\n")[0]  # a line still being written waits for the next update
-        if not complete:
-            return
-        self.offset += len(complete) + 1
-        for line in complete.decode().splitlines():
+        for line in self.metrics.lines():
             record = json.loads(line)
             info = f"reward {record['reward']:.3f}" if "reward" in record else ""
             self.bar.update(self.task, completed=record["step"], **({"info": info} if info else {}))

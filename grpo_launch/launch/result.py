@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 EXIT_INTERRUPTED = 130
+TAIL_LINES = 25                  # a failure shows this many of its process's last lines
+# torch.distributed.run (under torchrun and accelerate) exits 1 whichever way a worker failed, and prints a report:
+# "Root Cause (first observed failure):" ... "exitcode  : 7 (pid: 123)", -N for a signal.
+FAILURE_REPORT = "Root Cause (first observed failure)"
+_REPORTED_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 
 def exit_code_of(returncode: int) -> int:
     """A shell-style exit code: a process killed by signal N exits 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def root_cause_code(report: list[str]) -> int | None:
+    """The failed worker's own exit code, from torch.distributed's failure report (its lines from the first)."""
+    for line in report:
+        found = _REPORTED_CODE.match(line)
+        if found:
+            return exit_code_of(int(found.group(1)))
+    return None
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import fcntl
 import os
+import re
 import signal
 import sys
 import time
 import urllib.request
 from collections import deque
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,15 +31,23 @@ from typing import Any
 from rich.console import Console
 
 from grpo_launch.contracts.plan import Plan, ProcessSpec
-from grpo_launch.contracts.rundir import LOGS_DIR, METRICS_FILE
+from grpo_launch.contracts.rundir import LOGS_DIR, METRICS_FILE, PREPARE_LOCK
 from grpo_launch.launch.display import ConsoleDisplay
-from grpo_launch.launch.result import EXIT_INTERRUPTED, Failure, RunResult, exit_code_of
+from grpo_launch.launch.result import (
+    EXIT_INTERRUPTED,
+    FAILURE_REPORT,
+    TAIL_LINES,
+    Failure,
+    RunResult,
+    exit_code_of,
+    root_cause_code,
+)
 
-TAIL_LINES = 25
 DEFAULT_READY_TIMEOUT_S = 600.0  # for a readiness URL whose process names no timeout
 READY_POLL_S = 0.5
 PROGRESS_TICK_S = 0.5
 PUMP_DRAIN_S = 2.0               # after its group is killed, how long a process's last lines may take to arrive
+STRAY_PREFIX = "PET_"            # torchrun's options from the environment; cleared for every process
 
 
 class State(enum.Enum):
@@ -61,6 +72,8 @@ class Child:
     was_ready: bool = False
     ready_since: float = 0.0
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    diagnosis: str | None = None  # the cause its output names (the first of its spec's diagnoses to match)
+    report: list[str] = field(default_factory=list)  # torch.distributed's failure report, from its first line
     tasks: list[asyncio.Task] = field(default_factory=list)  # its pump, exit watcher and readiness poller
     pumps: list[asyncio.Task] = field(default_factory=list)
 
@@ -140,8 +153,14 @@ async def _spawn(argv: tuple[str, ...], cwd: Path, env: dict[str, str]
     return asyncio.subprocess.Process(transport, protocol, loop), protocol.exited
 
 
+def stray_launcher_variables(environ: Mapping[str, str]) -> list[str]:
+    """torchrun reads every option it is not given from PET_<OPTION> (Kubeflow's trainer sets them): PET_NNODES=2
+    silently makes a lone torchrun wait for a second node. The plan gives every option on the command line."""
+    return sorted(k for k in environ if k.startswith(STRAY_PREFIX))
+
+
 def child_environment(env: dict[str, str]) -> dict[str, str]:
-    merged = dict(os.environ)
+    merged = {k: v for k, v in os.environ.items() if not k.startswith(STRAY_PREFIX)}
     # Commands like `accelerate`, `torchrun`, `python` and `vllm` resolve in grpo-launch's own environment.
     merged["PATH"] = os.path.dirname(sys.executable) + os.pathsep + merged.get("PATH", "")
     merged["PYTHONUNBUFFERED"] = "1"
@@ -173,16 +192,16 @@ def _group_alive(pgid: int) -> bool:
 
 
 class Supervisor:
-    def __init__(self, plan: Plan, run_dir: Path, *, node: int = 0, grace_s: float = 15.0,
+    def __init__(self, plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = 15.0,
                  console: Console | None = None) -> None:
         self.plan = plan
         self.run_dir = run_dir
-        self.node = node
+        self.nodes = set(nodes)
         self.grace_s = grace_s
-        local = [p for p in plan.processes if p.node == node]
+        local = [p for p in plan.processes if p.node in self.nodes]
         self.children = [Child(spec, run_dir / LOGS_DIR / f"{spec.name}.log") for spec in local]
         self.by_name = {c.name: c for c in self.children}
-        self.remote = {p.name: p for p in plan.processes if p.node != node}  # waited for by URL only
+        self.remote = {p.name: p for p in plan.processes if p.node not in self.nodes}  # waited for by URL only
         self.remote_ready: set[str] = set()
         self.display = ConsoleDisplay(console or Console(highlight=False), [p.name for p in local])
         self.events: asyncio.Queue[Any] = asyncio.Queue()
@@ -196,6 +215,13 @@ class Supervisor:
 
     # -- processes ----------------------------------------------------------------------------------------------
     async def run_prepare(self) -> None:
+        """Each step once per run directory: nodes sharing it (loopback, shared storage) take turns, and a node
+        finding what a step creates skips it."""
+        with (self.run_dir / PREPARE_LOCK).open("w") as lock:
+            await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
+            await self._prepare_steps()
+
+    async def _prepare_steps(self) -> None:
         for step in self.plan.prepare:
             if (self.run_dir / step.creates).exists():
                 continue
@@ -239,9 +265,20 @@ class Supervisor:
                 log.write(text + "\n")
                 log.flush()
                 child.tail.append(text)
+                self._read(child, text)
                 self.display.line(child.name, text)
         finally:
             log.close()
+
+    def _read(self, child: Child, text: str) -> None:
+        """Remember what a line says about a failure: a known cause, or torch.distributed's failure report."""
+        if child.diagnosis is None:
+            for d in child.spec.diagnoses:
+                if re.search(d.pattern, text):
+                    child.diagnosis = f"{d.reason} (it said: {text.strip()})"
+                    break
+        if child.report or FAILURE_REPORT in text:
+            child.report.append(text)
 
     async def _watch_exit(self, child: Child, exited: asyncio.Future[int], generation: int) -> None:
         await self.events.put(Exited(child, generation, await exited))
@@ -316,13 +353,14 @@ class Supervisor:
             self.display.restarting(child.name, code, child.restarts, restart.max_restarts)
             asyncio.create_task(self._after(restart.backoff_s, RestartDue(child)))
             return
+        code = root_cause_code(child.report) or code
         if child.state is State.STARTING:
             reason = f"exited with code {event.returncode} before it was ready"
         elif child.spec.role == "trainer":
             reason = f"exited with code {code}"
         else:
             reason = f"stopped while the trainer runs with code {code}"
-        self._fail(child, code or 1, reason)
+        self._fail(child, code or 1, f"{reason}: {child.diagnosis}" if child.diagnosis else reason)
 
     def _on_ready(self, event: Ready) -> None:
         self.display.ready(event.name, event.seconds)
@@ -435,7 +473,8 @@ class Supervisor:
         return tuple(child.tail) if child is not None else ()
 
 
-def supervise(plan: Plan, run_dir: Path, *, node: int = 0, grace_s: float = 15.0,
+def supervise(plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = 15.0,
               console: Console | None = None) -> RunResult:
-    return asyncio.run(Supervisor(plan, run_dir, node=node, grace_s=grace_s, console=console).run())
+    """Run the processes of `nodes` (several only when they are all this machine) until the trainers end."""
+    return asyncio.run(Supervisor(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console).run())
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -92,23 +93,37 @@ def write_files(root: Path, files: dict[str, str], rewards: list[Path]) -> None:
             shutil.copy2(source, root / REWARDS_DIR / source.name)
 
 
-def materialize(composed: Composed, plan: Plan, recipe_dirs: list[str], run_dir: Path | None = None) -> Path:
-    """Write a new run directory (or, given `run_dir` of an existing run, rewrite its files in place)."""
+def _holds(target: Path, files: dict[str, str]) -> bool:
+    """Whether `target` is a run directory of this very plan (another node wrote it)."""
+    try:
+        return (target / PLAN_FILE).read_text() == files[PLAN_FILE]
+    except OSError:
+        return False
+
+
+def materialize(composed: Composed, plan: Plan, recipe_dirs: list[str], run_dir: Path | None = None, *,
+                join: bool = False) -> Path:
+    """Write a new run directory (or, given `run_dir` of an existing run, rewrite its files in place). `join`: one
+    node of several sharing `run.dir`; a run directory of the same plan, written by another node, is used as is."""
     files = run_files(composed, plan, recipe_dirs)
     rewards = reward_sources(composed)
     if run_dir is not None and run_dir.exists():
         write_files(run_dir, files, rewards)
         return run_dir
     target = run_dir or new_run_dir(composed)
+    if join and _holds(target, files):
+        return target
     if target.exists():
         raise UserError(f"run directory {target} already exists", key="run.dir",
                         hint=f"continue it with `grpo run --resume {target}`, or choose another run.dir")
-    tmp = target.with_name(f".{target.name}.partial")
+    tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         write_files(tmp, files, rewards)
         tmp.rename(target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if join and _holds(target, files):  # another node renamed its copy into place first
+            return target
         raise
     return target

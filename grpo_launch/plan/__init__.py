@@ -23,6 +23,7 @@ from grpo_launch.plan.layout import Layout
 from grpo_launch.plan.placements import placement_of
 from grpo_launch.plan.placements.base import Placement
 from grpo_launch.plan.processes import prepare_steps, trainer_processes
+from grpo_launch.plan.schedulers import scheduler_of
 from grpo_launch.plan.trainer_args import build_trainer_args, build_trainer_inputs
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ def build_plan(composed: Composed) -> Plan:
     check_zero(config)
     builtin_model(config.model.name_or_path)
     check_data(config)
+    scheduler = scheduler_of(config)
+    scheduler.check(config)
     placement = placement_of(config)
     trl_fields.check_trainer_args(config.trainer, placement.trainer_class)
 
@@ -83,6 +86,8 @@ def build_plan(composed: Composed) -> Plan:
     prepare = prepare_steps(config)
     files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes,
                                        config.env.passthrough)
+    scheduled, job_files = scheduler.job(config, composed.recipe, processes)
+    files.update(job_files)
     plan = Plan(
         recipe=composed.recipe,
         placement=config.placement.kind,
@@ -106,6 +111,7 @@ def build_plan(composed: Composed) -> Plan:
         trainer_args=args,
         trainer_inputs=inputs,
         batch=batch,
+        scheduler=scheduled,
         warnings=tuple(ctx.warnings + _idle_warning(layout, config)),
     )
     return replace(plan, memory=estimate_memory(config, plan, placement))  # the CLI decides whether a misfit is fatal

@@ -9,6 +9,8 @@ from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.plan import Engine, ProcessSpec, VllmSettings
 from grpo_launch.plan.layout import Layout
 from grpo_launch.plan.ports import PortBook
+from grpo_launch.plan.schedulers import Scheduler, scheduler_of
+from grpo_launch.plan.schedulers.local import is_loopback
 
 
 @dataclass
@@ -16,22 +18,25 @@ class Context:
     """Shared, per-plan state a placement reads and adds to."""
 
     config: Config
-    ports: PortBook = field(default_factory=PortBook)
+    ports: PortBook = field(init=False)
     warnings: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.ports = PortBook(self.host)  # two nodes on one machine share its ports
+
     @property
-    def single_node(self) -> bool:
-        return self.config.cluster.nodes == 1
+    def scheduler(self) -> Scheduler:
+        return scheduler_of(self.config)
 
     def host(self, node: int) -> str:
+        """Node `node`'s address: from cluster.hosts, else as the scheduler gives it (loopback, or GRPO_HOST_K)."""
         hosts = self.config.cluster.hosts
-        if hosts:
-            return hosts[node]
-        return "127.0.0.1" if self.single_node else f"node{node}"
+        return hosts[node] if hosts else self.scheduler.host(self.config, node)
 
     def bind_address(self) -> str:
-        """Servers listen on loopback when everything runs on one machine, on every interface otherwise."""
-        return "127.0.0.1" if self.single_node else "0.0.0.0"
+        """Servers listen on loopback when every node is this machine, on every interface otherwise."""
+        every = [self.host(n) for n in range(self.config.cluster.nodes)]
+        return "127.0.0.1" if all(is_loopback(h) for h in every) else "0.0.0.0"
 
 
 @dataclass

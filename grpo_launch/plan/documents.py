@@ -70,6 +70,11 @@ def accelerate_config(config: Config, *, machines: int, processes: int, main_ip:
         doc["distributed_type"] = "DEEPSPEED"
         doc["deepspeed_config"] = {"deepspeed_config_file": DEEPSPEED_FILE,
                                    "zero3_init_flag": config.zero.stage == 3}
+        if machines > 1:
+            # Without it accelerate takes DeepSpeed's pdsh launcher: every `accelerate launch --machine_rank K`
+            # becomes `deepspeed --hostfile None --launcher pdsh ...` (ssh to every node), ignoring --machine_rank.
+            # `standard` starts torch.distributed.run on each node, like the other distributed types.
+            doc["deepspeed_config"]["deepspeed_multinode_launcher"] = "standard"
         return doc  # precision comes from deepspeed.json ("auto": the TRL arguments' bf16/fp16)
     doc["mixed_precision"] = "bf16" if config.cluster.accelerator == "cuda" and config.model.dtype == "bfloat16" \
         else "no"

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 
+from grpo_launch.contracts import hosts
 from grpo_launch.contracts.plan import PrepareStep, ProcessSpec
 
 _HEADER = """#!/usr/bin/env bash
 # Replays run '{recipe}' (placement {placement}) without grpo-launch. It works in its own directory, the run
-# directory. On a cluster, start it on every node with NODE_RANK set to that node's index; one machine needs
-# nothing. Secrets are read from your environment by name and never written here: {secrets}.
+# directory. On a cluster, start it on every node with NODE_RANK set to that node's index (and GRPO_HOST_K set to
+# node K's address where the commands below read it); one machine needs nothing. Secrets are read from your
+# environment by name and never written here: {secrets}.
 set -euo pipefail
 cd "$(dirname "$0")"
 NODE_RANK="${{NODE_RANK:-0}}"
@@ -36,10 +39,22 @@ PY
 """
 
 
+def shell_word(text: str) -> str:
+    """`text` quoted for a POSIX shell, except node address references (`${GRPO_HOST_K}`), which the shell
+    expands where the job runs."""
+    if not hosts.REFERENCE.search(text):
+        return shlex.quote(text)
+    if not re.search(r'["`\\!]|\$(?!\{GRPO_HOST_\d+\})', text):
+        return f'"{text}"'
+    parts = hosts.REFERENCE.split(text)  # literal, node, literal, node, ..., literal
+    return "".join(f'"{hosts.reference(int(part))}"' if i % 2 else shlex.quote(part) if part else ""
+                   for i, part in enumerate(parts))
+
+
 def command_line(p: ProcessSpec) -> str:
     """The process as a shell command: its environment assignments, then its argv, quoted."""
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p.env.items())
-    return f"{env} {shlex.join(p.argv)}".strip()
+    env = " ".join(f"{k}={shell_word(v)}" for k, v in p.env.items())
+    return f"{env} {' '.join(shell_word(a) for a in p.argv)}".strip()
 
 
 def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], processes: Sequence[ProcessSpec],
@@ -55,7 +70,7 @@ def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], p
         lines.append(f"# {p.name}: {p.role} on node {p.node}, GPUs {gpus}")
         for dep in p.depends_on:
             url, timeout = ready[dep]
-            lines.append(f"wait_ready {shlex.quote(url)} {timeout:g}  # {dep}")
+            lines.append(f"wait_ready {shell_word(url)} {timeout:g}  # {dep}")
         lines.append(f'if [ "$NODE_RANK" = {p.node} ]; then')
         if p.start_delay_s:
             lines.append(f"  sleep {p.start_delay_s:g}")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.builtins import BUILTIN_MODEL_DIR, MODELS
-from grpo_launch.contracts.plan import PrepareStep, ProcessSpec
+from grpo_launch.contracts.plan import Diagnosis, PrepareStep, ProcessSpec
 from grpo_launch.contracts.rundir import ACCELERATE_FILE
 from grpo_launch.errors import UserError
 from grpo_launch.plan.checks import builtin_model
@@ -46,29 +47,47 @@ def base_env(config: Config, gpus: tuple[int, ...]) -> dict[str, str]:
     return env
 
 
+def rendezvous_diagnoses(main_ip: str, port: int, timeout_s: float) -> tuple[Diagnosis, ...]:
+    """torch.distributed's errors when the nodes' rendezvous does not complete, and what they mean (the errors,
+    not the warnings of connection attempts it retries)."""
+    where, key = f"{main_ip}:{port}", "run.rendezvous_timeout_s"
+    return (
+        Diagnosis(r"DistStoreError: Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined",
+                  f"the trainer rendezvous at {where} did not complete within {timeout_s:g} s ({key}): not every "
+                  f"trainer node joined; start each node's `grpo run --node-rank K` within that time"),
+        Diagnosis(r"DistNetworkError: The client socket has timed out after \d+ms while trying to connect to",
+                  f"trainer node 0's rendezvous at {where} did not answer within {timeout_s:g} s ({key}): start "
+                  f"node 0, and check that {main_ip} is this node's way to reach it"),
+    )
+
+
 def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...]) -> list[ProcessSpec]:
-    """One launcher per trainer node: accelerate (reading accelerate.yaml) or torchrun."""
+    """One launcher per trainer node: accelerate (reading accelerate.yaml) or torchrun. Several nodes rendezvous
+    at trainer node 0 within run.rendezvous_timeout_s."""
     config = ctx.config
     machines = len(layout.trainer_nodes)
     main_ip = ctx.host(layout.trainer_nodes[0])
     port = config.run.main_process_port
     ctx.ports.claim(layout.trainer_nodes[0], port, "the trainer rendezvous", "run.main_process_port")
+    timeout = config.run.rendezvous_timeout_s
+    rendezvous = ["--rdzv_conf", f"timeout={math.ceil(timeout)}"] if machines > 1 else []
     entry = ("-m", TRAINER_MODULE, "--run-dir", ".")
     out = []
     for machine_rank, node in enumerate(layout.trainer_nodes):
         if config.launcher == "accelerate":
             argv = ["accelerate", "launch", "--config_file", ACCELERATE_FILE]
-            if machines > 1:
-                argv += ["--machine_rank", str(machine_rank)]
+            if machines > 1:  # the address on the command line too: a scheduler's job may give it at run time
+                argv += ["--machine_rank", str(machine_rank), "--main_process_ip", main_ip, *rendezvous]
         else:
             argv = ["torchrun", "--nnodes", str(machines), "--node_rank", str(machine_rank),
                     "--nproc_per_node", str(len(layout.trainer_gpus)), "--master_addr", main_ip,
-                    "--master_port", str(port)]
+                    "--master_port", str(port), *rendezvous]
         name = "trainer" if machines == 1 else f"trainer-node{node}"
         out.append(ProcessSpec(name=name, role="trainer", node=node, gpus=layout.trainer_gpus,
                                argv=tuple(argv) + entry, env=base_env(config, layout.trainer_gpus),
                                pass_env=tuple(config.env.passthrough), depends_on=depends_on,
-                               ranks=layout.ranks_on(node)))
+                               ranks=layout.ranks_on(node),
+                               diagnoses=rendezvous_diagnoses(main_ip, port, timeout) if machines > 1 else ()))
     return out
 
 

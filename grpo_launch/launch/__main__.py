@@ -1,0 +1,40 @@
+"""`python -m grpo_launch.launch --run-dir DIR --node K`: one node's processes of a run directory, supervised.
+
+What the Slurm job (one srun task per node) and the SkyPilot task (every node's run script) start; it reads
+plan.json and never re-composes the recipe."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from grpo_launch.contracts.plan import load_plan
+from grpo_launch.errors import EXIT_USER_ERROR, UserError
+from grpo_launch.launch.node import prepare_node, run_nodes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_launch.launch", description=__doc__)
+    parser.add_argument("--run-dir", default=".", help="the run directory holding plan.json")
+    parser.add_argument("--node", type=int, required=True, help="this node's index in the plan")
+    parser.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
+    args = parser.parse_args(argv)
+    console = Console(highlight=False, soft_wrap=True)
+    run_dir = Path(args.run_dir).resolve()
+    try:
+        plan = load_plan(run_dir)
+        if not 0 <= args.node < plan.nodes:
+            raise UserError(f"--node {args.node} is not a node of this plan (0..{plan.nodes - 1})", key="--node")
+        plan = prepare_node(plan, [args.node], console)
+    except UserError as e:
+        console.print(f"[bold red]error:[/] {e}")
+        return EXIT_USER_ERROR
+    console.print(f"[bold]node {args.node}[/] of {plan.nodes}: {run_dir}")
+    return run_nodes(plan, run_dir, [args.node], grace_s=args.grace, console=console).code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

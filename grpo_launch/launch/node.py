@@ -1,0 +1,58 @@
+"""One node's share of a run directory: what a scheduler's job starts on every node, and `grpo run` on one.
+
+The node's processes of plan.json, with the node addresses the environment gives (GRPO_HOST_K), torchrun's stray
+PET_* variables cleared, every port checked free, supervised by the same rules as on one machine. A node whose
+processes failed on their own records the first failure's code, time and cause in logs/node-K.failure, so a job
+spanning nodes can pass on the code of the node that failed first (not of a node it stopped).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Collection
+from pathlib import Path
+
+from rich.console import Console
+
+from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.rundir import LOGS_DIR, NODE_FAILURES
+from grpo_launch.errors import UserError
+from grpo_launch.launch.preflight import check_ports_free
+from grpo_launch.launch.result import RunResult
+from grpo_launch.launch.supervisor import stray_launcher_variables, supervise
+
+
+def check_not_a_worker(environ: dict[str, str]) -> None:
+    """grpo-launch is itself the launcher: started as a torch worker (RANK set), every copy would start every
+    process of its node. A node's role comes from the plan and --node, never from a torch rank."""
+    worker = [k for k in ("RANK", "LOCAL_RANK") if k in environ]
+    if worker:
+        raise UserError(f"{' and '.join(worker)} set: grpo-launch is running as a torch worker, and each copy "
+                        f"would start this node's processes", key=worker[0],
+                        hint="run it once per node (not under torchrun, accelerate or `srun --ntasks-per-node` > 1)"
+                             "; unset the variable if it is left from another launch")
+
+
+def prepare_node(plan: Plan, nodes: Collection[int], console: Console) -> Plan:
+    """The plan as these nodes run it: addresses filled in, refused if started as a worker or a port is busy."""
+    check_not_a_worker(dict(os.environ))
+    resolved = plan.with_addresses(os.environ)
+    for node in nodes:
+        check_ports_free(resolved, node)
+    stray = stray_launcher_variables(os.environ)
+    if stray:
+        console.print(f"[yellow]cleared {', '.join(stray)} for every process: torchrun would read them as options "
+                      f"the plan sets itself[/]")
+    return resolved
+
+
+def run_nodes(plan: Plan, run_dir: Path, nodes: Collection[int], *, grace_s: float, console: Console) -> RunResult:
+    """Supervise `nodes` of the (prepared) plan; a failure is recorded for a job spanning several machines."""
+    result = supervise(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console)
+    if result.failures and not result.interrupted:
+        first = result.failures[0]
+        for node in nodes:
+            path = run_dir / LOGS_DIR / NODE_FAILURES.format(node=node)
+            path.write_text(f"{result.code} {time.time_ns()} {first}\n")
+    return result

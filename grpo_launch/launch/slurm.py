@@ -1,0 +1,99 @@
+"""scheduler=slurm: submit the run directory's job.sbatch, follow the job, cancel it on Ctrl-C.
+
+The job's state comes from `scontrol show job`, polled: `sbatch --wait` polls after 2, 10 and 42 s and then every
+32 s, and says 0 for a job cancelled while it was pending. Works without accounting (no sacct): the record lasts
+MinJobAge after the end. Each process's log is streamed from the run directory, where the nodes write it.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from rich.console import Console
+
+from grpo_launch.contracts.plan import Plan
+from grpo_launch.errors import UserError
+from grpo_launch.launch.follow import Job, JobFollower
+from grpo_launch.launch.supervisor import child_environment
+
+# Every state of a job that has not ended (squeue's and scontrol's names).
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "RESIZING",
+          "SIGNALING", "STAGE_OUT"}
+
+
+def job_environment() -> dict[str, str]:
+    """What sbatch exports to the job: this environment, with grpo-launch's own commands first on PATH, but none of
+    an outer allocation's SLURM_* settings (submitted from inside a job, they would shape the new one)."""
+    env = child_environment({})
+    return {k: v for k, v in env.items()
+            if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
+
+
+def parse_job(text: str) -> dict[str, str]:
+    """`scontrol -o show job` as a dict (a heterogeneous job's first component wins)."""
+    info: dict[str, str] = {}
+    for line in text.splitlines():
+        for key, value in re.findall(r"(\S+?)=(\S*)", line):
+            info.setdefault(key, value)
+    return info
+
+
+def exit_code(info: dict[str, str]) -> int:
+    """The job's code: its ExitCode, 128 + the signal that killed it, or 1 when it ended otherwise than COMPLETED."""
+    code, _, sig = info.get("ExitCode", "0:0").partition(":")
+    if int(code):
+        return int(code)
+    if int(sig or 0):
+        return 128 + int(sig)
+    return 0 if info.get("JobState") == "COMPLETED" else 1
+
+
+class SlurmJob(Job):
+    def __init__(self, job_id: str, env: dict[str, str]) -> None:
+        self.id = job_id
+        self.name = f"Slurm job {job_id}"
+        self.env = env
+        self.info: dict[str, str] = {}
+
+    def _run(self, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
+
+    def state(self) -> tuple[str, bool]:
+        done = self._run("scontrol", "-o", "show", "job", self.id)
+        if done.returncode:
+            if self.info:  # the record aged out after the end (MinJobAge): keep the last one seen
+                return self.info.get("JobState", "gone"), True
+            raise RuntimeError(f"scontrol show job {self.id}: {done.stderr.strip()}")
+        self.info = parse_job(done.stdout)
+        state = self.info.get("JobState", "UNKNOWN")
+        words = state
+        if state == "PENDING" and self.info.get("Reason") not in (None, "None"):
+            words += f" ({self.info['Reason']})"
+        elif state == "RUNNING":
+            words += f" on {self.info.get('NodeList', '?')}"
+        return words, state not in ACTIVE
+
+    def exit_code(self) -> int:
+        return exit_code(self.info)
+
+    def cancel(self, presses: int) -> None:
+        # The first asks the job to stop: Slurm sends SIGTERM to every step, each node's supervisor stops its
+        # processes (SIGKILL after the cluster's KillWait). The second kills at once.
+        self._run("scancel", *(["--signal=KILL", "--full"] if presses > 1 else []), self.id)
+
+
+def submit_and_follow(plan: Plan, run_dir: Path, console: Console, *, poll_s: float) -> int:
+    """Submit the plan's job from its run directory and follow it to the end: the job's exit code (130 when
+    cancelled with Ctrl-C)."""
+    env = job_environment()
+    done = subprocess.run(plan.scheduler.submit, cwd=run_dir, env=env, capture_output=True, text=True, timeout=120)
+    if done.returncode:
+        raise UserError(f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}",
+                        key="scheduler.slurm", hint=f"check the partition, account, qos, time limit and GPU request "
+                                                    f"(scheduler.slurm.*) in {run_dir / plan.scheduler.job_file}")
+    job = SlurmJob(done.stdout.strip().split(";")[0], env)
+    console.print(f"[bold]submitted[/] {job.name} ({' '.join(plan.scheduler.submit)} in {run_dir}); Ctrl-C "
+                  f"cancels it")
+    return JobFollower(plan, run_dir, job, console, poll_s=poll_s).follow().code

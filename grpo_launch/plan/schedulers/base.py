@@ -1,0 +1,59 @@
+"""The `Scheduler` interface every scheduler module implements (see `plan.schedulers`)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from grpo_launch.compose.schema import Config
+from grpo_launch.contracts import hosts
+from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, SchedulerPlan
+from grpo_launch.errors import UserError
+
+# What a scheduler starts on every node: grpo-launch's supervisor for that node's processes of plan.json.
+NODE_SUPERVISOR = ("python", "-m", "grpo_launch.launch", "--run-dir", ".")
+LOOPBACK = "127.0.0.1"
+
+
+class Scheduler(ABC):
+    name: ClassVar[str]                   # scheduler.kind, and the group file's name
+    job_file: ClassVar[str | None]        # the file it writes into the run directory
+
+    def check(self, config: Config) -> None:
+        """The scheduler's own rules, before anything is planned."""
+        if config.cluster.hosts:
+            raise UserError(f"cluster.hosts is set, but scheduler={self.name} picks the machines",
+                            key="cluster.hosts", hint="drop cluster.hosts: each node's address reaches the "
+                                                      "processes from the scheduler")
+
+    def host(self, config: Config, node: int) -> str:
+        """Node `node`'s address when cluster.hosts is empty: loopback on one node, else read where the job runs."""
+        return LOOPBACK if config.cluster.nodes == 1 else hosts.reference(node)
+
+    @abstractmethod
+    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec]) -> tuple[SchedulerPlan,
+                                                                                         dict[str, Any]]:
+        """How the processes reach the machines, and the job file(s) that do it."""
+
+
+def node_groups(processes: Sequence[ProcessSpec], nodes: int, command: str) -> tuple[NodeGroup, NodeGroup | None]:
+    """The nodes that train (they end with training) and those that only serve (stopped once training ended)."""
+    trainer_nodes = tuple(sorted({p.node for p in processes if p.role == "trainer"}))
+    serving = tuple(n for n in range(nodes) if n not in trainer_nodes)
+    trainers = NodeGroup("trainer", trainer_nodes, tuple(p.name for p in processes if p.node in trainer_nodes),
+                         command, "when training ends; a node that fails stops the others")
+    if not serving:
+        return trainers, None
+    services = NodeGroup("services", serving, tuple(p.name for p in processes if p.node in serving), command,
+                         "stopped once the trainer nodes end; a node that fails stops the job")
+    return trainers, services
+
+
+def node_list(nodes: Sequence[int]) -> str:
+    """'node 0', 'nodes 0-3', 'nodes 0, 2'."""
+    if len(nodes) == 1:
+        return f"node {nodes[0]}"
+    if list(nodes) == list(range(nodes[0], nodes[-1] + 1)):
+        return f"nodes {nodes[0]}-{nodes[-1]}"
+    return "nodes " + ", ".join(map(str, nodes))
