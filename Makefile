@@ -5,6 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed             # the training environment: what `make run` needs
 VLLM_STAMP := $(VENV)/.installed-vllm   # plus vLLM's CPU build: what the tests and benchmarks need
 CPU_WHEELS := .cache/cpu-wheels
+# SkyPilot in an environment of its own (its dependencies are not the training stack's): the tests parse the
+# generated task.yaml with SkyPilot's own loader.
+SKY_VENV := .cache/skypilot
+SKY_STAMP := $(SKY_VENV)/.installed
+SKYPILOT := skypilot==0.14.1
+# The Slurm tests start a real Slurm cluster on loopback (tests/slurm_cluster.py) from Debian's packages.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+SLURM_BINARIES := slurmctld slurmd sbatch srun scontrol scancel squeue sinfo munged
 # DeepSpeed JIT-compiles ops on first use (~20 s, ~35 s for cpu_adam); keep them where later runs find them.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
@@ -23,7 +31,23 @@ $(VLLM_STAMP): $(STAMP) constraints/cpu_stub_wheels.py
 		-e '.[train,deepspeed,dev,vllm]'
 	touch $@
 
-.PHONY: setup run test bench lint
+$(SKY_STAMP):
+	$(PYTHON) -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/pip install -q '$(SKYPILOT)'
+	touch $@
+
+# Installs the Slurm packages where they are missing and this is root with apt; elsewhere the Slurm tests skip
+# and say why (CI sets GRPO_REQUIRE_SLURM=1, so there they fail instead).
+slurm:
+	@missing=; for b in $(SLURM_BINARIES); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$b >/dev/null || missing="$$missing $$b"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing $(SLURM_PACKAGES) (missing:$$missing)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			$(SLURM_PACKAGES); \
+	else echo "Slurm is missing ($$missing) and cannot be installed here (needs root with apt): the Slurm tests skip"; fi
+
+.PHONY: setup run test bench lint slurm
 setup: $(VLLM_STAMP)
 
 # The embedded recipe (tiny-cpu) generates with transformers inside the trainer: first contact in about a minute,
@@ -31,7 +55,7 @@ setup: $(VLLM_STAMP)
 run: $(STAMP)
 	$(BIN)/grpo run
 
-test: $(VLLM_STAMP)
+test: $(VLLM_STAMP) $(SKY_STAMP) slurm
 	$(BIN)/python -m pytest -q -rs
 
 bench: $(VLLM_STAMP)

@@ -102,5 +102,12 @@ def document_text(name: str, document: Any) -> str:
     if name.endswith((".yaml", ".yml")):
         import yaml
 
-        return yaml.safe_dump(document, sort_keys=False)
+        class Dumper(yaml.SafeDumper):
+            """Multi-line strings (a SkyPilot task's setup and run scripts) as literal blocks, readable as written."""
+
+        def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+            return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+        Dumper.add_representer(str, text)
+        return yaml.dump(document, Dumper=Dumper, sort_keys=False)
     return json.dumps(document, indent=2) + "\n"
