@@ -161,7 +161,7 @@ def test_a_replica_that_dies_mid_run_is_restarted(tmp_path):
     for p in plan["processes"]:
         if p["name"] == "trainer":
             p["argv"] = standin_trainer(None, "--run-for", "4")
-    result, out = run(plan, tmp_path)
+    result, out = run({**plan, "prepare": []}, tmp_path)
     assert result.code == 0, out
     assert result.restarts.get("vllm-1", 0) >= 1
     assert "vllm-1 exited with code 9: restarting it (1 of 3)" in out
@@ -241,3 +241,46 @@ def test_busy_port_is_a_clear_error():
         with pytest.raises(UserError, match=r"port 8000 \(the vLLM server\) is already in use") as e:
             check_ports_free(plan, 0)
     assert e.value.key == "vllm.port"
+
+
+# torch.distributed's report when a worker fails, as torchrun 2.13 printed it (rank 1 ran os._exit(7)).
+TORCH_FAILURE_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+grpo_launch.trainer FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-01_08:55:37
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 5286)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_08:55:37
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 7 (pid: 5285)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================"""
+
+
+def test_a_failed_workers_own_code_is_passed_on(tmp_path):
+    """torchrun and accelerate exit 1 whichever way a worker failed; the run passes the root cause's code on."""
+    report = tmp_path / "report.txt"
+    report.write_text(TORCH_FAILURE_REPORT + "\n")
+    plan = with_processes(plan_json(), tmp_path, {"trainer": ([sys.executable, "-c", "import sys; print(open("
+                                                               f"{str(report)!r}).read()); sys.exit(1)"], None)})
+    result, out = run({**plan, "prepare": []}, tmp_path)
+    assert result.code == 7, out
+    assert "trainer exited with code 7" in out
+
+
+def test_stray_torchrun_variables_never_reach_a_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("PET_NNODES", "2")
+    plan = with_processes(plan_json(), tmp_path, {"trainer": ([sys.executable, "-c", "import os, sys; "
+                                                               "sys.exit(3 if 'PET_NNODES' in os.environ else 0)"],
+                                                              None)})
+    result, out = run({**plan, "prepare": []}, tmp_path)
+    assert result.code == 0, out
