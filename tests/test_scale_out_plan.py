@@ -2,8 +2,10 @@
 files (fast; the runs are in test_multinode_e2e.py and test_slurm.py)."""
 
 import json
+import os
 import re
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -216,3 +218,21 @@ def test_run_refuses_what_it_cannot_start(tmp_path):
     result = grpo("run", f"run.root={tmp_path}", env={"RANK": "1"}, cwd=tmp_path)
     assert result.returncode == 2 and "RANK set: grpo-launch is running as a torch worker" in result.stderr
     assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_node_supervisor_refuses_what_it_cannot_start(tmp_path):
+    from grpo_launch.materialize import materialize
+
+    def node(run_dir, k, **env):
+        return subprocess.run([sys.executable, "-m", "grpo_launch.launch", "--run-dir", str(run_dir), "--node", str(k)],
+                              capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
+
+    done = node(tmp_path, 0)
+    assert done.returncode == 2 and "holds no plan.json" in done.stdout
+    composed = compose(["recipe=qwen72b-colocate"])
+    run_dir = materialize(composed, build_plan(composed), [], run_dir=tmp_path / "run")
+    done = node(run_dir, 4)
+    assert done.returncode == 2 and "--node 4 is not a node of this plan (0..3)" in done.stdout
+    done = node(run_dir, 1)  # a scheduler's job sets GRPO_HOST_K; without them nothing starts
+    assert done.returncode == 2 and "GRPO_HOST_0 is not set" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr and sorted(os.listdir(run_dir / "logs")) == []

@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from grpo_launch.contracts.plan import load_plan
+from grpo_launch.contracts.rundir import PLAN_FILE
 from grpo_launch.errors import EXIT_USER_ERROR, UserError
 from grpo_launch.launch.node import prepare_node, run_nodes
 
@@ -25,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(highlight=False, soft_wrap=True)
     run_dir = Path(args.run_dir).resolve()
     try:
+        if not (run_dir / PLAN_FILE).is_file():
+            raise UserError(f"{run_dir} holds no {PLAN_FILE}: not a grpo-launch run directory", key="--run-dir")
         plan = load_plan(run_dir)
         if not 0 <= args.node < plan.nodes:
             raise UserError(f"--node {args.node} is not a node of this plan (0..{plan.nodes - 1})", key="--node")

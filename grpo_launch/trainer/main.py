@@ -189,7 +189,7 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     code = 0
     try:
-        train(load_plan(PLAN_FILE))
+        train(load_plan(PLAN_FILE).with_addresses(os.environ))  # a scheduler's job gives node addresses
     except BaseException:  # noqa: BLE001  (every failure must reach _exit, which passes the code on)
         traceback.print_exc()
         code = 1
