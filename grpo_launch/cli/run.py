@@ -158,13 +158,15 @@ def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | 
                       f"same run.dir) within run.rendezvous_timeout_s[/]")
     curves.preload_plotting()
     code = run_nodes(prepared, run_dir, nodes, grace_s=grace_s, console=console).code
-    _finish(composed, run_dir, code, console)
+    # the node of trainer rank 0 (which logs the metrics) draws the curve; others sharing run.dir leave it be
+    logs_metrics = any(0 in p.ranks for p in the_plan.processes if p.node in nodes)
+    _finish(composed, run_dir, code, console, draw=logs_metrics)
 
 
-def _finish(composed: Composed, run_dir: Path, code: int, console: Console) -> None:
+def _finish(composed: Composed, run_dir: Path, code: int, console: Console, *, draw: bool = True) -> None:
     from grpo_launch.launch import curves
 
-    records = curves.read_metrics(run_dir)
+    records = curves.read_metrics(run_dir) if draw else []
     if records:
         curve = curves.plot(run_dir, records, f"{composed.recipe} ({run_dir.name})")
         numbers = curves.summary(records)
