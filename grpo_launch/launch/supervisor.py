@@ -7,8 +7,11 @@ process starts once every process before it has started and the processes it dep
 when the trainer ends. A process whose spec allows restarts (a replica behind the routing proxy) and that dies
 after it was ready is started again, up to its limit; any other process failing, or a service exiting while the
 trainer runs, stops everything: SIGTERM to every process group, SIGKILL after a grace period. Ctrl-C once stops
-cleanly, twice at once. The `RunResult` names every failure and passes the first one's exit code on. Output goes
-to each process's log and, through the `ConsoleDisplay` observer, to the console. No torch here.
+cleanly, twice at once. The `RunResult` names every failure and passes the first one's exit code on: a launcher's
+own code, or the failed worker's that torch.distributed's failure report names (torchrun and accelerate exit 1),
+with the cause a known line of its output names (a rendezvous that timed out). Output goes to each process's log
+and, through the `ConsoleDisplay` observer, to the console. One supervisor runs the processes of one node, or of
+several when they are all this machine; torchrun's PET_* variables never reach a process. No torch here.
 """
 
 from __future__ import annotations
@@ -242,6 +245,7 @@ class Supervisor:
     async def _start(self, child: Child) -> None:
         spec = child.spec
         child.generation += 1
+        child.diagnosis, child.report = None, []  # what an earlier incarnation said does not explain this one
         log = child.log_path.open("a")
         child.process, exited = await _spawn(spec.argv, self.run_dir, child_environment(spec.env))
         child.exited = exited
