@@ -236,3 +236,11 @@ def test_node_supervisor_refuses_what_it_cannot_start(tmp_path):
     done = node(run_dir, 1)  # a scheduler's job sets GRPO_HOST_K; without them nothing starts
     assert done.returncode == 2 and "GRPO_HOST_0 is not set" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr and sorted(os.listdir(run_dir / "logs")) == []
+
+
+def test_run_dry_run_prints_the_job_file_and_its_submission(tmp_path):
+    result = grpo("run", "--dry-run", "scheduler=slurm", "cluster.nodes=2", f"run.root={tmp_path}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "─ job.sbatch ─" in result.stdout and "#SBATCH --nodes=2" in result.stdout
+    assert "would then run sbatch --parsable job.sbatch (in the run directory)" in result.stdout
+    assert list(tmp_path.iterdir()) == []
