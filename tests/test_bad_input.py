@@ -73,7 +73,8 @@ BAD_PLAN_INPUTS = [
     (["scheduler=slurm", "scheduler.slurm.gres=gpu:2", "scheduler.slurm.gpus_per_node=2"], "both request GPUs"),
     (["cluster.nodes=2", "run.rendezvous_timeout_s=0"], "'run.rendezvous_timeout_s' must be > 0"),
     # two nodes on one machine share its ports
-    (["recipe=tiny-cpu-async-lora", "cluster.nodes=2", "proxy.port=8000"],
+    (["recipe=tiny-cpu-async-lora", "cluster.nodes=2", "cluster.gpus_per_node=1", "vllm.data_parallel_size=1",
+      "proxy.port=8000"],
      "port 8000 on nodes 1 and 0 (both 127.0.0.1) is wanted by both vLLM replica 0 and the routing proxy"),
     # TRL's batch rules with the plan's world size
     (["trainer.per_device_train_batch_size=3"], "must be divisible by trainer.num_generations=4"),

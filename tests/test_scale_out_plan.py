@@ -92,7 +92,8 @@ def test_nodes_on_one_machine_share_its_ports():
 
 
 def test_every_port_of_loopback_nodes_is_distinct():
-    plan = plan_json("recipe=tiny-cpu-async-lora", "cluster.nodes=2")
+    plan = plan_json("recipe=tiny-cpu-async-lora", "cluster.nodes=2", "cluster.gpus_per_node=1",
+                     "vllm.data_parallel_size=1")
     assert {p["node"] for p in plan["processes"]} == {0, 1}
     ports = [c["port"] for c in plan["ports"]]
     assert len(ports) == len(set(ports)), plan["ports"]
