@@ -38,6 +38,7 @@ bench: $(VLLM_STAMP)
 	$(BIN)/python benchmarks/plan_time.py
 	$(BIN)/python benchmarks/run_overhead.py
 	$(BIN)/python benchmarks/proxy_bench.py
+	$(BIN)/python benchmarks/proxy_vllm.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check grpo_launch tests benchmarks constraints

@@ -123,10 +123,11 @@ def run(
 def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | None, node_rank: int,
             grace_s: float, console: Console) -> None:
     from grpo_launch.launch import curves
-    from grpo_launch.launch.preflight import check_ports_free
+    from grpo_launch.launch.preflight import check_ports_free, check_vllm_installed
     from grpo_launch.launch.supervisor import supervise
     from grpo_launch.materialize import materialize
 
+    check_vllm_installed(the_plan, node_rank)
     check_ports_free(the_plan, node_rank)
     run_dir = materialize(composed, the_plan, dirs, run_dir=resume).resolve()
     console.print(f"[bold]run directory[/] {run_dir}")

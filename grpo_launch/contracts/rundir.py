@@ -10,3 +10,4 @@ CURVES_FILE = "reward_curve.png"   # reward, loss, KL and completion length agai
 DEEPSPEED_FILE = "deepspeed.json"  # DeepSpeed's config, when ZeRO is on
 ACCELERATE_FILE = "accelerate.yaml"  # accelerate's config file
 LAUNCH_FILE = "launch.sh"          # replays every process by hand, without grpo-launch
+WEIGHT_SYNC_DIR = "weight-sync"   # weights the trainer writes for vLLM to reload (CPU runs), rewritten every step

@@ -28,6 +28,9 @@ _OVERHEAD = Component("CUDA/NCCL overhead", PROCESS_OVERHEAD_GIB, "fixed per pro
 # Host memory of one process (Python, torch, CUDA libraries, data loading). CPU runs measured 0.5 GiB peak RSS per
 # process (shared/reference/cpu-feasibility.md); CUDA processes map the CUDA libraries too (assumption).
 HOST_PROCESS_GIB = {"cuda": 3.0, "cpu": 1.0}
+# A vLLM engine on a CPU, beside its KV cache (vllm.cpu_kvcache_space_gib): measured here, `vllm serve` of the tiny
+# model (API server and engine core, VLLM_ENABLE_V1_MULTIPROCESSING=0) held 2.15 GiB of RSS.
+VLLM_CPU_ENGINE_GIB = 2.2
 # vLLM's captured CUDA graphs (its log: "Graph capturing finished ... took X GiB"); none with enforce_eager.
 VLLM_CUDA_GRAPHS_GIB = 0.5
 # DeepSpeed stage 1-2 defaults: reduce_bucket_size = allgather_bucket_size = 5e8 elements; with overlap_comm it
@@ -315,10 +318,17 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
         vllm_gpus = sum(len(e.gpus) for e in plan.engines if e.node == node)
         # vLLM in processes of its own (servers, replicas), or inside the trainer ranks (colocated)
         vllm_processes = sum(len(e.gpus) for e in plan.engines if e.node == node and e.process is not None)
-        processes = ranks + vllm_processes
-        if not processes:
+        if not ranks + vllm_processes:
             continue
-        base = Component("processes", processes * per_process, f"{processes} x {per_process:g} GiB")
+        if t.cuda:
+            processes = ranks + vllm_processes
+            base = (Component("processes", processes * per_process, f"{processes} x {per_process:g} GiB"),)
+        else:  # a CPU's vLLM engines live in host memory, whole: the engine and its KV cache
+            engines = sum(1 for e in plan.engines if e.node == node)
+            kv = config.vllm.cpu_kvcache_space_gib
+            base = (Component("processes", ranks * per_process, f"{ranks} x {per_process:g} GiB"),) + ((Component(
+                "vLLM engines", engines * (VLLM_CPU_ENGINE_GIB + kv),
+                f"{engines} x ({VLLM_CPU_ENGINE_GIB:g} GiB + KV cache {kv} GiB)"),) if engines else ())
         if t.cuda:
             train = [Component(f"offloaded {h.component.name}", ranks * h.component.gib,
                                f"{ranks} ranks x {h.component.detail}") for h in holdings if h.on_host]
@@ -332,7 +342,7 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
         built, what = (t.shape.largest_layer_parameters, "largest module") if t.stage == 3 else (t.params, "model")
         load = Component("model loading", _gib(ranks * t.dtype_bytes * built),
                          f"{ranks} ranks x {t.dtype_bytes} B x {what} {_billions(built)}")
-        phases = (Phase("load", (base, load) if ranks else (base,)), Phase("training", (base, *train)))
+        phases = (Phase("load", (*base, load) if ranks else base), Phase("training", (*base, *train)))
         role = "trainer + vLLM" if ranks and vllm_gpus else "trainer" if ranks else "vLLM"
         groups.setdefault((role, phases), []).append((node,))
     return tuple(Budget(role=role, members=tuple(nodes), capacity_gib=config.cluster.host_memory_gib,

@@ -69,7 +69,7 @@ def build_plan(composed: Composed) -> Plan:
     world = layout.world_size
 
     args = build_trainer_args(config, placement, result.trainer_args)
-    inputs = build_trainer_inputs(config, placement)
+    inputs = build_trainer_inputs(config, placement, result.weight_sync)
     files: dict = {}
     if config.zero.stage:
         files[DEEPSPEED_FILE] = deepspeed_config(config)
@@ -79,7 +79,8 @@ def build_plan(composed: Composed) -> Plan:
                                                main_ip=ctx.host(layout.trainer_nodes[0]), fsdp2=result.fsdp2)
     batch = placement.batch(args, world, result)
 
-    processes = tuple(result.services) + tuple(trainer_processes(ctx, layout, result.trainer_depends_on))
+    processes = tuple(result.services) + tuple(trainer_processes(ctx, layout, result.trainer_depends_on,
+                                                                 result.trainer_env))
     prepare = prepare_steps(config)
     files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes,
                                        config.env.passthrough)
