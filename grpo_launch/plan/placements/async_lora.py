@@ -90,6 +90,7 @@ class AsyncLora(Placement):
     engine_label = "replica"
     utilization_choices = (0.8, 0.9)  # the GPUs are the replicas' alone
     chat_prompts = True  # TRL's rollout worker renders every prompt through the chat template
+    cpu_trainer_ranks = 1  # on a CPU the trainer is TRL's async pieces in one process (trainer.async_cpu)
 
     def plan(self, ctx: Context) -> PlacementResult:
         config = ctx.config
@@ -106,6 +107,12 @@ class AsyncLora(Placement):
         slots = LoraSlots(max_loras=max_loras, max_lora_rank=_lora_rank_slot(config))
         replicas = v.data_parallel_size or DEFAULT_REPLICAS
         layout = dedicated_layout(config, engines=replicas, gpus_per_engine=v.tensor_parallel_size)
+        if config.cluster.accelerator == "cpu" and layout.world_size != self.cpu_trainer_ranks:
+            raise UserError(f"async-lora on a CPU trains in {self.cpu_trainer_ranks} process (TRL's async pieces; "
+                            f"AsyncGRPOTrainer needs CUDA), but the layout gives the trainer {layout.world_size} "
+                            f"ranks", key="cluster.gpus_per_node",
+                            hint=f"give the trainer one slot: cluster.gpus_per_node = replicas + 1 "
+                                 f"({replicas + 1})")
         lora_flags = ("--enable-lora", "--max-loras", str(slots.max_loras), "--max-lora-rank",
                       str(slots.max_lora_rank), "--served-model-name", model_path(config), "--block-size",
                       str(v.block_size))
