@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from grpo_launch.contracts.memory import Budget, MemoryEstimate
+from grpo_launch.contracts.memory import Budget, MemoryEstimate, parameter_count
 
 if TYPE_CHECKING:
     from grpo_launch.plan.advisor import Advice
@@ -87,9 +87,9 @@ def print_memory(memory: MemoryEstimate | None, console: Console) -> None:
     if not memory.estimated:
         return
     trainable = "" if memory.trainable_parameters == memory.parameters else \
-        f", {memory.trainable_parameters / 1e6:,.1f}M trainable (LoRA)"
-    console.print(f"[bold]memory[/]    {memory.model} ({memory.source}): {memory.parameters / 1e9:.2f}B parameters"
-                  f"{trainable}; " + ("[green]fits[/]" if memory.fits else "[bold red]does not fit[/]"))
+        f", {parameter_count(memory.trainable_parameters)} trainable (LoRA)"
+    console.print(f"[bold]memory[/]    {memory.model} ({memory.source}): {parameter_count(memory.parameters)} "
+                  f"parameters{trainable}; " + ("[green]fits[/]" if memory.fits else "[bold red]does not fit[/]"))
     if memory.gpus:
         console.print(_table("memory per GPU (peak of each phase)", memory.gpus, "GPU"))
     console.print(_table("host memory per node", memory.hosts, "node"))
