@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from grpo_launch.contracts.memory import Budget, MemoryEstimate, parameter_count
-
-if TYPE_CHECKING:
-    from grpo_launch.plan.advisor import Advice
+from grpo_launch.plan.advisor import PROXY_ORDER, Advice
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -101,9 +97,7 @@ def print_advice(advice: Advice, console: Console) -> None:
         console.print(f"[bold]suggestions[/] none: {why}")
         return
     freed = f" (changing {' '.join(advice.freed)}: nothing fits with it)" if advice.freed else ""
-    console.print(f"[bold]suggestions[/] layouts that fit{freed}, best first by the throughput proxy: more GPUs "
-                  f"training, less offload, vLLM awake, ZeRO below 3, larger micro-batches, TP for the model's size, "
-                  f"room for every sequence, fewer changes")
+    console.print(f"[bold]suggestions[/] layouts that fit{freed}, best first by the throughput proxy: {PROXY_ORDER}")
     for i, s in enumerate(advice.suggestions, 1):
         overrides = " ".join(s.overrides) or "(this plan as it is)"
         console.print(Text.assemble(f"  {i}. ", (overrides, "bold")))

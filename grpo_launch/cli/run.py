@@ -69,6 +69,8 @@ def run(
                                "fit; with --resume, also accept a config that changed since the run."),
     node_rank: int = typer.Option(0, "--node-rank", help="On a multi-node plan, start this node's processes."),
     grace_s: float = typer.Option(15.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping."),
+    multirun: bool = typer.Option(False, "-m", "--multirun", help="Refused: grpo run starts one run at a time; "
+                                  "compare the layouts of a sweep with `grpo plan -m` and run the one you pick."),
     recipes_dir: list[str] | None = RecipesDirOption,
 ) -> None:
     """Train: write the run directory, start every process of the plan in order, stop them all together."""
@@ -80,6 +82,11 @@ def run(
     from grpo_launch.materialize import config_document, new_run_dir, run_files
     from grpo_launch.plan import build_plan
 
+    if multirun:
+        raise UserError("grpo run starts one run at a time: -m (a sweep) is for grpo plan -m, which plans every "
+                        "combination side by side", key="-m",
+                        hint=f"grpo plan -m {' '.join(overrides or [])}, then grpo run with the overrides of the "
+                             f"row you pick".replace("  ", " "))
     overrides, dirs = list(overrides or []), list(recipes_dir or [])
     if resume is not None:
         overrides, dirs = _resume_inputs(resume, overrides, dirs)
