@@ -69,6 +69,8 @@ def run(
                                "fit; with --resume, also accept a config that changed since the run."),
     node_rank: int = typer.Option(0, "--node-rank", help="On a multi-node plan, start this node's processes."),
     grace_s: float = typer.Option(15.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every line the processes print (TRL's raw "
+                                 "log records and progress bars too) instead of the compact training view."),
     multirun: bool = typer.Option(False, "-m", "--multirun", help="Refused: grpo run starts one run at a time; "
                                   "compare the layouts of a sweep with `grpo plan -m` and run the one you pick."),
     recipes_dir: list[str] | None = RecipesDirOption,
@@ -124,11 +126,11 @@ def run(
     if the_plan.nodes > 1 and composed.config.run.dir is None and resume is None:
         console.print("[yellow]multi-node plan: start `grpo run` on every node with --node-rank K and the same "
                       "run.dir on shared storage[/]")
-    _launch(composed, the_plan, dirs, resume, node_rank, grace_s, console)
+    _launch(composed, the_plan, dirs, resume, node_rank, grace_s, console, verbose)
 
 
 def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | None, node_rank: int,
-            grace_s: float, console: Console) -> None:
+            grace_s: float, console: Console, verbose: bool) -> None:
     from grpo_launch.launch import curves
     from grpo_launch.launch.preflight import check_ports_free
     from grpo_launch.launch.supervisor import supervise
@@ -138,7 +140,7 @@ def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | 
     run_dir = materialize(composed, the_plan, dirs, run_dir=resume).resolve()
     console.print(f"[bold]run directory[/] {run_dir}")
     curves.preload_plotting()
-    code = supervise(the_plan, run_dir, node=node_rank, grace_s=grace_s, console=console).code
+    code = supervise(the_plan, run_dir, node=node_rank, grace_s=grace_s, console=console, verbose=verbose).code
     records = curves.read_metrics(run_dir)
     if records:
         curve = curves.plot(run_dir, records, f"{composed.recipe} ({run_dir.name})")
