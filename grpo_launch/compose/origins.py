@@ -138,7 +138,7 @@ class Origins:
         """(what set it, the keys it sets) of each option file, in Hydra's merge order."""
         choices = dict(self.choices) if self.choices is not None else self._guessed_choices()
         out = []
-        for group in recipes.GROUPS:
+        for group in _primary_choices():  # the primary config's defaults list: Hydra's merge order
             path = recipes.group_options(self.dirs, group).get(choices.get(group, ""))
             if path is not None:
                 label = f"recipe {choices[group]}" if group == "recipe" else f"{group} option {choices[group]}"
