@@ -52,8 +52,9 @@ def print_sweep(keys: tuple[str, ...], rows: list[Row], console: Console | None 
     console = console or Console(highlight=False)
     planned = [r for r in rows if r.plan is not None]
     fitting = [r for r in planned if r.fits]
-    console.print(f"[bold]{len(rows)} combination{'s' * (len(rows) != 1)}[/] of {', '.join(keys) or '(nothing swept)'} · "
-                  f"{len(planned)} planned, {len(fitting)} fit, {len(rows) - len(planned)} refused")
+    swept = ", ".join(keys) or "(nothing swept)"
+    console.print(f"[bold]{len(rows)} combination{'s' * (len(rows) != 1)}[/] of {swept} · {len(planned)} planned, "
+                  f"{len(fitting)} fit, {len(rows) - len(planned)} refused")
     # The notes (why a layout is refused, its first warning) in a column when the terminal is wide enough, else
     # below the table by row number: a reason folded into a few characters' width cannot be read.
     bare = _table(keys, rows, numbered=False, notes=False)

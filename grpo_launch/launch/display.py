@@ -155,12 +155,13 @@ class TrainingView:
         return "".join(SPARK[min(len(SPARK) - 1, int((v - low) / span * len(SPARK)))] for v in values)
 
     def __rich__(self) -> Table:
-        grid = Table.grid(padding=(0, 1))
+        (_, step), *rest = self.fields()
         line = Text()
-        for name, value in self.fields()[1:]:
+        for name, value in rest:
             line.append(f"{name} ", style="dim").append(f"{value}  ")
+        grid = Table.grid(padding=(0, 1))
         grid.add_row(Text("training", style="bold"), ProgressBar(total=self.total, completed=self.step, width=24),
-                     Text(self.fields()[0][1]), Text(self.sparkline(), style="green"), line)
+                     Text(step), Text(self.sparkline(), style="green"), line)
         return grid
 
 
@@ -174,7 +175,7 @@ class ConsoleDisplay:
         self.prefixes = {name: Text(f"{name:>{self.width}} │ ", style=self.colors[name]) for name in names}
         self.waits: dict[str, tuple[str, float]] = {}    # what is awaited: name -> (url, since)
         self.view: TrainingView | None = None
-        self.plain_at = 0.0                             # when the last plain line was printed
+        self.plain_at = float("-inf")                   # when the last plain line was printed
         self.plain_step = 0
         self.live = Live(self, console=console, transient=True, auto_refresh=False) if self.terminal else None
 
@@ -208,8 +209,7 @@ class ConsoleDisplay:
     def line(self, name: str, text: str) -> None:
         shown = text.rpartition("\r")[2] if self.verbose else echoed_part(text)
         if shown is not None:
-            prefix = self.prefixes.get(name) or Text(f"{name:>{self.width}} │ ")
-            self.console.print(prefix + Text(shown), soft_wrap=True)
+            self.console.print(self.prefixes[name] + Text(shown), soft_wrap=True)
 
     def waiting(self, name: str, url: str) -> None:
         self.waits[name] = (url, time.monotonic())
