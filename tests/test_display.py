@@ -3,6 +3,7 @@ what processes say and replace TRL's raw records and progress bars; --verbose ke
 
 import io
 import json
+import time
 
 import pytest
 from rich.console import Console
@@ -107,3 +108,28 @@ def test_in_a_terminal_the_view_is_redrawn_in_place(tmp_path):
     assert "\x1b[2K" in text  # the live region erased and drawn again
     assert "4/20" in text and "8/20" in text and "reward 0.800 (trend +0.400)" in text and "ETA 24 s" in text
     assert "trainer │ [grpo-launch] rank 0 of 2" in text and "{'loss'" not in text
+
+
+def test_the_curve_is_drawn_once_training_logs_its_closing_record(tmp_path):
+    """While the trainer's processes tear down, not after: the plotter draws on the closing record by itself."""
+    from grpo_launch.launch.curves import CurvePlotter
+
+    metrics = tmp_path / "metrics.jsonl"
+    records(metrics, range(1, 4), total=3)  # a resumed run's earlier segment: its closing record is old
+    plotter = CurvePlotter(tmp_path, "test")
+    records(metrics, range(4, 8))
+    time.sleep(0.6)
+    assert plotter.curve is None  # still training
+    records(metrics, [], total=7)
+    plotter.thread.join(timeout=30)
+    assert not plotter.thread.is_alive() and plotter.curve == tmp_path / "reward_curve.png"
+    assert plotter.finish() == tmp_path / "reward_curve.png"
+
+
+def test_a_run_without_a_closing_record_is_drawn_when_it_ends(tmp_path):
+    from grpo_launch.launch.curves import CurvePlotter
+
+    plotter = CurvePlotter(tmp_path, "test")
+    assert plotter.finish() is None  # nothing logged: nothing to draw
+    records(tmp_path / "metrics.jsonl", range(1, 3))
+    assert CurvePlotter(tmp_path, "test").finish() == tmp_path / "reward_curve.png"

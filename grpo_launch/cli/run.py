@@ -139,13 +139,12 @@ def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | 
     check_ports_free(the_plan, node_rank)
     run_dir = materialize(composed, the_plan, dirs, run_dir=resume).resolve()
     console.print(f"[bold]run directory[/] {run_dir}")
-    curves.preload_plotting()
+    plotter = curves.CurvePlotter(run_dir, f"{composed.recipe} ({run_dir.name})")
     code = supervise(the_plan, run_dir, node=node_rank, grace_s=grace_s, console=console, verbose=verbose).code
+    curve = plotter.finish()
     records = curves.read_metrics(run_dir)
     if records:
-        curve = curves.plot(run_dir, records, f"{composed.recipe} ({run_dir.name})")
-        numbers = curves.summary(records)
-        console.print(f"[bold]metrics[/] {numbers}")
+        console.print(f"[bold]metrics[/] {curves.summary(records)}")
         if curve is not None:
             console.print(f"[bold]reward curve[/] {curve}")
     console.print(f"[bold]{'done' if code == 0 else 'failed'}[/] run directory: {run_dir}")

@@ -18,7 +18,6 @@ something changed, and a line costs a few string tests before it is printed or p
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections import deque
@@ -31,6 +30,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from grpo_launch.launch.curves import MetricsTail
 from grpo_launch.launch.result import RunResult
 
 COLORS = ("green", "magenta", "cyan", "yellow", "blue", "bright_red", "bright_green", "bright_magenta")
@@ -67,9 +67,8 @@ class TrainingView:
     """The training as metrics.jsonl tells it: the latest record, the rewards so far, the pace of the steps."""
 
     def __init__(self, metrics: Path, total_steps: int) -> None:
-        self.metrics = metrics
+        self.tail = MetricsTail(metrics)
         self.total = total_steps if total_steps > 0 else None
-        self.offset = 0
         self.step = 0
         self.latest: dict = {}
         self.rewards: deque[float] = deque(maxlen=4 * TREND_STEPS)
@@ -77,23 +76,14 @@ class TrainingView:
 
     def update(self) -> bool:
         """Read the records written since the last update; whether there was any."""
-        try:
-            with self.metrics.open("rb") as f:
-                f.seek(self.offset)
-                complete = f.read().rpartition(b"\n")[0]  # a line still being written waits for the next update
-        except FileNotFoundError:
-            return False
-        if not complete:
-            return False
-        self.offset += len(complete) + 1
-        for line in complete.decode().splitlines():
-            record = json.loads(line)
+        records = self.tail.new_records()
+        for record in records:
             self.step = record["step"]
             if "reward" in record:  # a training step's record, not the run's closing summary
                 self.latest = record
                 self.rewards.append(record["reward"])
                 self.times.append((record["step"], record["time"]))
-        return True
+        return bool(records)
 
     @property
     def done(self) -> bool:
