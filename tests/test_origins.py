@@ -22,11 +22,10 @@ SET_BY_A_FILE_INVALID_AFTER_AN_OVERRIDE = [
     (["placement=server"], "but vllm.enabled=false (vllm.enabled=false is set by recipe tiny-cpu)"),
     # a group option file
     (["recipe=qwen1.5b-async-lora", "zero=3"], "zero.stage=3 (set by zero option 3): AsyncGRPOTrainer trains with"),
-    (["placement=async-lora", "~trainer.beta", "vllm.enabled=true"],
-     "(cluster.accelerator=cpu is set by cluster option cpu)"),
     # the schema's default
-    (["recipe=qwen7b-colocate", "cluster=cpu"], "vLLM needs GPUs but cluster.accelerator=cpu "
-                                                "(vllm.enabled=true is the schema default)"),
+    (["recipe=qwen7b-server", "vllm.tensor_parallel_size=8"],
+     "no GPU is left for the trainer on node(s) [0]: vLLM takes 8 of 8 GPUs (placement.trainer_nodes=null is the "
+     "schema default)"),
     # the command line
     (["recipe=qwen7b-colocate", "vllm.tensor_parallel_size=3"],
      "vllm.tensor_parallel_size=3 (set on the command line) must divide the 8 trainer ranks"),
