@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import grpo
+from conftest import free_port, grpo
 
 from grpo_launch.launch import curves
 
@@ -23,7 +23,8 @@ ENV = {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT /
 
 
 def grpo_run(tmp_path, *overrides, env=None):
-    result = grpo("run", f"run.root={tmp_path / 'runs'}", *overrides, env={**ENV, **(env or {})}, cwd=tmp_path)
+    result = grpo("run", f"run.root={tmp_path / 'runs'}", f"run.main_process_port={free_port()}", *overrides,
+                  env={**ENV, **(env or {})}, cwd=tmp_path)
     match = re.search(r"run directory: (\S+)", result.stdout)
     return result, Path(match.group(1)) if match else None
 
@@ -67,6 +68,14 @@ def test_tiny_cpu_trains(tmp_path, case):
 def test_run_directory_is_complete_and_launch_sh_replays(tmp_path):
     result, run_dir = grpo_run(tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
+    # Through a pipe: plain lines, no control characters, TRL's raw records only in the log and metrics.jsonl.
+    out = result.stdout
+    assert "\x1b" not in out and "\r" not in out
+    assert "{'loss'" not in out and "{'loss'" in (run_dir / "logs" / "trainer.log").read_text()
+    assert re.search(r"^\[grpo\] step 20/20 · reward \d\.\d{3} \(trend [+-]\d\.\d{3}\) · loss \S+ · length \S+ · step "
+                     r"time \d+\.\d\d s$", out, re.M), out
+    assert re.search(r"^trainer │ \[grpo-launch\] rank [01] of 2", out, re.M)  # the two ranks may share a line
+    assert "trainer │ [grpo-launch] training finished at step 20" in out
     for name in ("config.yaml", "overrides.yaml", "plan.json", "accelerate.yaml", "launch.sh", "metrics.jsonl",
                  "reward_curve.png", "logs/trainer.log", "logs/tiny-model.log", "model/config.json",
                  "model/tokenizer.json", "checkpoints/final"):
@@ -144,3 +153,47 @@ def test_resume_skips_a_checkpoint_left_half_written(tmp_path):
     (tmp_path / "final").mkdir()
     assert newest_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-10")
     assert newest_complete_checkpoint(str(tmp_path / "missing")) is None
+
+
+def test_a_terminal_shows_the_compact_view_in_place(tmp_path):
+    """`grpo run` of tiny-cpu on a pseudo-terminal: the training view is redrawn in place (step, reward with its
+    trend, loss, length, step time, ETA), what the trainer says keeps its prefix, TRL's raw records stay in the log."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 180, 0, 0))
+    env = {**os.environ, **ENV}
+    env.pop("COLUMNS")  # the terminal's own width
+    proc = subprocess.Popen([sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
+                             f"run.root={tmp_path / 'runs'}", f"run.main_process_port={free_port()}"],
+                            stdin=terminal, stdout=terminal, stderr=terminal, cwd=tmp_path, env=env)
+    os.close(terminal)
+    chunks = []
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if select.select([controller], [], [], 1)[0]:
+            try:
+                chunk = os.read(controller, 1 << 16)
+            except OSError:  # the terminal closed: every process that held it exited
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        elif proc.poll() is not None:
+            break
+    os.close(controller)
+    assert proc.wait(timeout=60) == 0
+    raw = b"".join(chunks).decode(errors="replace")
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw)
+    assert "\x1b[2K" in raw  # the live region erased and redrawn, not appended
+    views = re.findall(r"training \S+ (\d+)/20 \S* reward \d\.\d{3} \(trend [+-]\d\.\d{3}\)  loss \S+  length \S+  "
+                       r"step time \d+\.\d\d s", text)
+    assert len(views) >= 2 and views[-1] == "20" and "ETA" in text, text[-3000:]
+    assert "trainer │ [grpo-launch] training finished at step 20" in text
+    assert "{'loss'" not in text
+    (run_dir,) = (tmp_path / "runs" / "tiny-cpu").iterdir()
+    assert "{'loss'" in (run_dir / "logs" / "trainer.log").read_text() and len(curves.read_metrics(run_dir)) == 20

@@ -69,6 +69,10 @@ def run(
                                "fit; with --resume, also accept a config that changed since the run."),
     node_rank: int = typer.Option(0, "--node-rank", help="On a multi-node plan, start this node's processes."),
     grace_s: float = typer.Option(15.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every line the processes print (TRL's raw "
+                                 "log records and progress bars too) instead of the compact training view."),
+    multirun: bool = typer.Option(False, "-m", "--multirun", help="Refused: grpo run starts one run at a time; "
+                                  "compare the layouts of a sweep with `grpo plan -m` and run the one you pick."),
     recipes_dir: list[str] | None = RecipesDirOption,
 ) -> None:
     """Train: write the run directory, start every process of the plan in order, stop them all together."""
@@ -80,6 +84,11 @@ def run(
     from grpo_launch.materialize import config_document, new_run_dir, run_files
     from grpo_launch.plan import build_plan
 
+    if multirun:
+        raise UserError("grpo run starts one run at a time: -m (a sweep) is for grpo plan -m, which plans every "
+                        "combination side by side", key="-m",
+                        hint=f"grpo plan -m {' '.join(overrides or [])}, then grpo run with the overrides of the "
+                             f"row you pick".replace("  ", " "))
     overrides, dirs = list(overrides or []), list(recipes_dir or [])
     if resume is not None:
         overrides, dirs = _resume_inputs(resume, overrides, dirs)
@@ -117,11 +126,11 @@ def run(
     if the_plan.nodes > 1 and composed.config.run.dir is None and resume is None:
         console.print("[yellow]multi-node plan: start `grpo run` on every node with --node-rank K and the same "
                       "run.dir on shared storage[/]")
-    _launch(composed, the_plan, dirs, resume, node_rank, grace_s, console)
+    _launch(composed, the_plan, dirs, resume, node_rank, grace_s, console, verbose)
 
 
 def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | None, node_rank: int,
-            grace_s: float, console: Console) -> None:
+            grace_s: float, console: Console, verbose: bool) -> None:
     from grpo_launch.launch import curves
     from grpo_launch.launch.preflight import check_ports_free, check_vllm_installed
     from grpo_launch.launch.supervisor import supervise
@@ -131,13 +140,12 @@ def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | 
     check_ports_free(the_plan, node_rank)
     run_dir = materialize(composed, the_plan, dirs, run_dir=resume).resolve()
     console.print(f"[bold]run directory[/] {run_dir}")
-    curves.preload_plotting()
-    code = supervise(the_plan, run_dir, node=node_rank, grace_s=grace_s, console=console).code
+    plotter = curves.CurvePlotter(run_dir, f"{composed.recipe} ({run_dir.name})")
+    code = supervise(the_plan, run_dir, node=node_rank, grace_s=grace_s, console=console, verbose=verbose).code
+    curve = plotter.finish()
     records = curves.read_metrics(run_dir)
     if records:
-        curve = curves.plot(run_dir, records, f"{composed.recipe} ({run_dir.name})")
-        numbers = curves.summary(records)
-        console.print(f"[bold]metrics[/] {numbers}")
+        console.print(f"[bold]metrics[/] {curves.summary(records)}")
         if curve is not None:
             console.print(f"[bold]reward curve[/] {curve}")
     console.print(f"[bold]{'done' if code == 0 else 'failed'}[/] run directory: {run_dir}")

@@ -181,7 +181,7 @@ def _group_alive(pgid: int) -> bool:
 
 class Supervisor:
     def __init__(self, plan: Plan, run_dir: Path, *, node: int = 0, grace_s: float = 15.0,
-                 console: Console | None = None) -> None:
+                 console: Console | None = None, verbose: bool = False) -> None:
         self.plan = plan
         self.run_dir = run_dir
         self.node = node
@@ -191,7 +191,7 @@ class Supervisor:
         self.by_name = {c.name: c for c in self.children}
         self.remote = {p.name: p for p in plan.processes if p.node != node}  # waited for by URL only
         self.remote_ready: set[str] = set()
-        self.display = ConsoleDisplay(console or Console(highlight=False), [p.name for p in local])
+        self.display = ConsoleDisplay(console or Console(highlight=False), [p.name for p in local], verbose=verbose)
         self.events: asyncio.Queue[Any] = asyncio.Queue()
         self.failures: list[Failure] = []
         self.presses = 0
@@ -463,6 +463,6 @@ class Supervisor:
 
 
 def supervise(plan: Plan, run_dir: Path, *, node: int = 0, grace_s: float = 15.0,
-              console: Console | None = None) -> RunResult:
-    return asyncio.run(Supervisor(plan, run_dir, node=node, grace_s=grace_s, console=console).run())
+              console: Console | None = None, verbose: bool = False) -> RunResult:
+    return asyncio.run(Supervisor(plan, run_dir, node=node, grace_s=grace_s, console=console, verbose=verbose).run())
 

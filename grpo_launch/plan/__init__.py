@@ -14,6 +14,7 @@ from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.plan import Engine, Plan, ProcessSpec
 from grpo_launch.contracts.rundir import ACCELERATE_FILE, DEEPSPEED_FILE, LAUNCH_FILE
+from grpo_launch.errors import UserError
 from grpo_launch.memory.estimate import estimate as estimate_memory
 from grpo_launch.plan.checks import builtin_model, check_data, check_env, check_hosts
 from grpo_launch.plan.context import Context
@@ -54,6 +55,14 @@ def _idle_warning(layout: Layout, config: Config) -> list[str]:
 
 
 def build_plan(composed: Composed) -> Plan:
+    """The plan of a composed recipe; a `UserError` about a key says where the key's value came from."""
+    try:
+        return _planned(composed)
+    except UserError as e:
+        raise composed.origins.locate(e, composed.config) from None
+
+
+def _planned(composed: Composed) -> Plan:
     config = composed.config
     check_hosts(config)
     check_env(config)
