@@ -17,7 +17,7 @@ from aiohttp import web
 
 from grpo_launch.errors import UserError
 from grpo_launch.proxy import broadcast
-from grpo_launch.proxy.config import ProxyConfig
+from grpo_launch.proxy.config import ProxyConfig, tokenizer_file
 from grpo_launch.proxy.fleet import Fleet, Replica
 from grpo_launch.proxy.metrics import ProxyStats
 from grpo_launch.proxy.prompts import LazyTokenizer, prompt_of
@@ -78,7 +78,10 @@ class Proxy:
 
     async def _check_tokenizer(self, replica: Replica) -> None:
         """Text prompts are routed by this proxy's tokens: they must be the replica's own, or every prefix hash
-        misses. Compare a probe with the replica's /tokenize; a mismatch is logged with both, and counted."""
+        misses. Compare a probe with the replica's /tokenize; a mismatch is logged with both, and counted. Only a
+        local tokenizer is loaded for it: a hub one loads when the first text prompt needs it."""
+        if self.config.tokenizer is None or tokenizer_file(self.config.tokenizer) is None:
+            return
         ours = await self.tokenizer.encode(TOKENIZER_PROBE)
         if ours is None:
             return
