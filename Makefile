@@ -37,7 +37,7 @@ $(SKY_STAMP):
 	touch $@
 
 # Installs the Slurm packages where they are missing and this is root with apt; elsewhere the Slurm tests skip
-# and say why (CI sets GRPO_REQUIRE_SLURM=1, so there they fail instead).
+# and say why (CI sets GRPO_NO_SKIPS=1, so there they fail instead).
 slurm:
 	@missing=; for b in $(SLURM_BINARIES); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$b >/dev/null || missing="$$missing $$b"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
@@ -62,6 +62,7 @@ bench: $(VLLM_STAMP)
 	$(BIN)/python benchmarks/plan_time.py
 	$(BIN)/python benchmarks/run_overhead.py
 	$(BIN)/python benchmarks/proxy_bench.py
+	$(BIN)/python benchmarks/proxy_vllm.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check grpo_launch tests benchmarks constraints

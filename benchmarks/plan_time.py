@@ -1,6 +1,10 @@
-"""`grpo plan` wall time against the bare imports it needs, measured in the same run.
+"""`grpo plan` wall time against the bare imports it needs, and a 12-combination sweep (`grpo plan -m`) against
+one `grpo plan`, measured in the same run.
 
 Baseline: `python -c "import hydra, omegaconf, typer, rich"`. Target: `grpo plan` at most 1.5x the baseline.
+Sweep target: `grpo plan -m recipe=qwen7b-server,qwen7b-colocate vllm.tensor_parallel_size=1,2,4 zero=2,3` at
+most 3x one `grpo plan recipe=qwen7b-server`, warm and cold alike (Hydra composes each of the 4 choices of group
+options once; the 3 TP values are key overrides applied to a copy).
 
 `grpo plan` keeps each successful composition in a cache (grpo_launch/compose/cache.py), so planning a recipe again
 skips Hydra. Both are measured: "warm" is a repeated `grpo plan` (the cache answers), "cold" has the cache off
@@ -11,6 +15,7 @@ beside them.
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -26,6 +31,9 @@ CASES = {
     "grpo plan recipe=qwen1.5b-async-lora --json": [*GRPO, "plan", "recipe=qwen1.5b-async-lora", "--json"],
 }
 TARGET = 1.5
+SWEEP = [*GRPO, "plan", "-m", "recipe=qwen7b-server,qwen7b-colocate", "vllm.tensor_parallel_size=1,2,4", "zero=2,3"]
+ONE = [*GRPO, "plan", "recipe=qwen7b-server"]
+SWEEP_TARGET = 3.0
 
 
 def wall(argv: list[str], env: dict[str, str]) -> float:
@@ -39,6 +47,8 @@ def main() -> int:
     modes = {"warm": {"GRPO_CACHE_DIR": cache}, "cold": {"GRPO_COMPOSE_CACHE": "0"}}
     runs = [("baseline", BASELINE, {})] + [(f"{name} [{mode}]", argv, env) for mode, env in modes.items()
                                             for name, argv in CASES.items()]
+    runs += [(f"{name} [{mode}]", argv, env) for mode, env in modes.items()
+             for name, argv in (("one plan", ONE), ("sweep of 12", SWEEP))]
     for _, argv, env in runs:  # warm the file cache (and the composition cache)
         wall(argv, env)
     samples: dict[str, list[float]] = {label: [] for label, _, _ in runs}
@@ -49,7 +59,7 @@ def main() -> int:
     print(f"{'command':56} {'median':>8} {'ratio':>6}")
     print(f"{'import hydra, omegaconf, typer, rich':56} {base * 1000:7.0f}ms {1.0:6.2f}")
     worst = {mode: 0.0 for mode in modes}
-    for label, _, _ in runs[1:]:
+    for label, _, _ in runs[1:1 + len(modes) * len(CASES)]:
         median = statistics.median(samples[label])
         mode = label.rsplit("[", 1)[1].rstrip("]")
         worst[mode] = max(worst[mode], median / base)
@@ -57,6 +67,14 @@ def main() -> int:
     verdict = "meets" if worst["warm"] <= TARGET else "MISSES"
     print(f"worst warm ratio {worst['warm']:.2f} {verdict} the target of <= {TARGET:.1f}x; worst cold ratio "
           f"{worst['cold']:.2f} ({RUNS} runs each, median)")
+    print()
+    print(f"{'grpo plan -m, 12 combinations, against one grpo plan':56} {'sweep':>8} {'one':>8} {'ratio':>6}")
+    for mode in modes:
+        sweep, one = (statistics.median(samples[f"{name} [{mode}]"]) for name in ("sweep of 12", "one plan"))
+        verdict = "meets" if sweep / one <= SWEEP_TARGET else "MISSES"
+        print(f"  {mode:54} {sweep * 1000:6.0f}ms {one * 1000:6.0f}ms {sweep / one:6.2f} {verdict} <= "
+              f"{SWEEP_TARGET:.0f}x")
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
 

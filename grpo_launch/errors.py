@@ -13,11 +13,13 @@ EXIT_USER_ERROR = 2
 
 
 class UserError(Exception):
-    def __init__(self, message: str, *, key: str | None = None, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, key: str | None = None, hint: str | None = None,
+                 origin: str | None = None) -> None:
         super().__init__(message)
         self.key = key
         self.message = message
         self.hint = hint
+        self.origin = origin  # where the key's value came from, once the message says it (compose.origins)
 
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"

@@ -14,21 +14,15 @@ RUN_ENV = {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(RO
            "COLUMNS": "200"}
 
 
-def skip_unless(reason: str | None, required_by: str) -> None:
-    """Skip a test whose machinery is missing here (`reason`), but fail it where the environment variable
-    `required_by` is set: CI (.ci/run) sets it, so a skip there cannot hide tests that never ran."""
-    if reason is None:
-        return
-    if os.environ.get(required_by):
-        pytest.fail(f"{reason} ({required_by} is set: these tests must run here)")
-    pytest.skip(reason)
-
-
 @pytest.fixture(autouse=True)
 def isolated_config_home(tmp_path, tmp_path_factory, monkeypatch):
     """Keep the developer's ~/.config/grpo-launch, composition cache and $GRPO_RECIPES_PATH out of every test."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path_factory.mktemp("compose-cache")))
+    # `import trl` (tests import it in-process) sets VLLM_LOGGING_LEVEL=ERROR in os.environ when vLLM is installed
+    # (trl/_compat.py), which every process a test starts would inherit: keep vLLM's servers logging as they do for
+    # a user, whose `grpo run` never imports TRL.
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     monkeypatch.delenv("GRPO_RECIPES_PATH", raising=False)
 
 
@@ -39,14 +33,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def grpo(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+def grpo(*args: str, env: dict | None = None, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run the real `grpo` console entry point in a subprocess."""
     return subprocess.run([sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", *args],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=120)
+                          capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
 
 
 def grpo_run(tmp_path, *overrides, env=None, timeout=600) -> tuple[subprocess.CompletedProcess, Path | None]:
-    """`grpo run` under tmp_path/runs: its result and the run directory it names."""
+    """`grpo run` under tmp_path/runs: its result and the run directory it names. The trainer's rendezvous gets a
+    free port unless the test sets one: tests running side by side would collide on torch's 29500."""
+    if not any(o.startswith("run.main_process_port=") for o in overrides):
+        overrides = (*overrides, f"run.main_process_port={free_port()}")
     result = subprocess.run([sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
                              f"run.root={tmp_path / 'runs'}", *overrides], capture_output=True, text=True,
                             env={**os.environ, **RUN_ENV, **(env or {})}, cwd=tmp_path, timeout=timeout)
@@ -77,3 +74,13 @@ def replanned(composed, *, model=None, dtype=None, nodes=None, zero=None, traine
         config = replace(config, zero=replace(c.zero, stage=zero[0], offload_optimizer=zero[1], offload_param=zero[2]))
     composed = replace(composed, config=config)
     return composed, build_plan(composed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI (GRPO_NO_SKIPS=1, set by .ci/run) a skipped test is a failure: every real engine must run there."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("GRPO_NO_SKIPS") == "1":
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where every test must run: {report.longrepr}"

@@ -108,11 +108,12 @@ def test_placement_names_are_compared_only_in_their_own_modules():
     names = ("colocate", "server", "async-lora", "GRPOConfig", "AsyncGRPOConfig")
     quoted = "|".join(map(re.escape, names))
     comparison = re.compile(rf"""(==|!=|\bin)\s*\(?["']({quoted})["']""")
+    trl_mode = re.compile(r"\.mode\s*(==|!=)")  # TRL's own vllm_mode (VLLMGeneration.mode): TRL's words, not ours
     found = []
     for module, path in MODULES.items():
         if module.startswith("grpo_launch.plan.placements.") or module == "grpo_launch.compose.trl_fields":
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            if comparison.search(line):
+            if comparison.search(line) and not trl_mode.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not found, "\n".join(found)

@@ -1,5 +1,6 @@
-"""`grpo run recipe=tiny-cpu-async-lora`: the async-lora placement on CPU, end to end. Two replicas of the CPU
-smoke-test engine behind the real routing proxy; the trainer publishes LoRA adapter versions through the proxy."""
+"""`grpo run recipe=tiny-cpu-async-lora`: two real vLLM replicas (vLLM's CPU build, runtime LoRA) behind the real
+routing proxy; the trainer publishes LoRA adapter versions through the proxy. Asserted from the engines' own
+numbers (their /metrics and logs) and the proxy's."""
 
 import json
 import os
@@ -11,31 +12,43 @@ from pathlib import Path
 
 import pytest
 from conftest import grpo
+from engine import adapters_loaded, adapters_removed, adapters_run, final_metrics, metrics_records, total
 
 pytestmark = pytest.mark.slow
+REPLICAS = ("vllm-0", "vllm-1")
+
+
+def proxy_stats(run_dir: Path) -> dict:
+    """The proxy's own account of the run, which it logs as it stops."""
+    return json.loads(re.findall(r"stopping; stats (\{.*\})", (run_dir / "logs" / "proxy.log").read_text())[-1])
 
 
 def test_adapter_versions_flow_through_the_proxy_to_both_replicas(tmp_path):
     result = grpo("run", "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}", env={"COLUMNS": "200"},
-                  cwd=tmp_path)
+                  cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:]
     run_dir = Path(re.search(r"run directory: (\S+)", result.stdout).group(1))
-    logs = run_dir / "logs"
-    loaded = {r: set(re.findall(r"loaded LoRA adapter (trl-policy-v\d+)", (logs / f"{r}.log").read_text()))
-              for r in ("vllm-0", "vllm-1")}
-    served = {r: set(re.findall(r"served \d+ completion\(s\) of \d+ prompt\(s\) with (trl-policy-v\d+)",
-                                (logs / f"{r}.log").read_text())) for r in ("vllm-0", "vllm-1")}
-    published = [json.loads(line).get("published") for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    published = ["trl-policy-v1", *filter(None, published)]  # v1 is the cold sync before the first step
+    records = metrics_records(run_dir)
+    published = ["trl-policy-v1", *(r["published"] for r in records if "published" in r)]  # v1: the cold sync
     assert len(published) >= 3
-    # Every version was broadcast to both replicas (the proxy's all-or-nothing load), and rollouts were served with
-    # at least three of them (a version published after the last rollout was requested serves none).
-    assert loaded["vllm-0"] == loaded["vllm-1"] == set(published)
-    assert len(served["vllm-0"] | served["vllm-1"]) >= 3
-    trained_on = {v for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-                  for v in json.loads(line)["model_versions"]}
+    logs = {r: (run_dir / "logs" / f"{r}.log").read_text() for r in REPLICAS}
+    engines = {r: final_metrics(run_dir, r) for r in REPLICAS}
+    for replica in REPLICAS:
+        # Every version was loaded on both replicas (the proxy's all-or-nothing broadcast), in order, and the ones
+        # that left the staleness window were unloaded again: vLLM's own log lines.
+        assert adapters_loaded(logs[replica]) == published
+        assert adapters_removed(logs[replica]) == published[: len(published) - 3]  # max_staleness 2: 3 kept
+        assert total(engines[replica], "vllm:request_success_total") > 0  # both replicas served rollouts
+    # The engines' prefix caches hit: prompts share a system prompt longer than a block, and a prompt's group of
+    # completions reuses its prefix; the proxy routed by that prefix.
+    assert sum(total(engines[r], "vllm:prefix_cache_hits_total") for r in REPLICAS) > 0
+    ran = adapters_run(engines["vllm-0"]) | adapters_run(engines["vllm-1"])
+    assert len(ran) >= 3 and ran <= set(published)  # rollouts came from at least three adapter versions
+    trained_on = {v for r in records for v in r["model_versions"]}
     assert len(trained_on) >= 3
-    # Versions older than the staleness window were unloaded and their directories deleted, as the trainer does.
+    stats = proxy_stats(run_dir)
+    assert stats["errors"] == {} and stats["requests"]["affinity"] > 0
+    assert (run_dir / "logs" / "proxy.log").read_text().count("tokenizer agrees with replica") == 2
     adapters = sorted(p.name for p in (run_dir / "checkpoints" / ".vllm_lora").iterdir())
     assert "trl-policy-v1" not in adapters and published[-1] in adapters
     assert (run_dir / "checkpoints" / "final" / "adapter_config.json").exists()
@@ -44,8 +57,9 @@ def test_adapter_versions_flow_through_the_proxy_to_both_replicas(tmp_path):
 def test_a_replica_killed_mid_run_is_restarted_and_taken_back(tmp_path):
     """Replicas behind the proxy are replaceable: kill one after the first step; the supervisor restarts it, the
     proxy takes it back with the current adapter, no request is lost and the run finishes."""
+    steps = 30
     cmd = [sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
-           "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}", "trainer.max_steps=14"]
+           "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}", f"trainer.max_steps={steps}"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "COLUMNS": "200"})
     seen, pid = [], None
@@ -56,14 +70,14 @@ def test_a_replica_killed_mid_run_is_restarted_and_taken_back(tmp_path):
         if pid and '"step": 1,' in line:
             os.killpg(pid, signal.SIGKILL)
             break
-    out = "".join(seen) + proc.communicate(timeout=600)[0]
+    out = "".join(seen) + proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, out[-4000:]
     assert "vllm-1 exited with code 137: restarting it (1 of 3)" in out
     assert out.count("vllm-1 is ready") == 2
     run_dir = Path(re.search(r"run directory: (\S+)", out).group(1))
-    replica_log = (run_dir / "logs" / "vllm-1.log").read_text()
-    second_life = replica_log.split(": serving ")[-1]  # the restarted incarnation's lines
-    assert re.search(r"loaded LoRA adapter trl-policy-v\d+", second_life), "the proxy did not catch it up"
-    stats = json.loads(re.findall(r"stopping; stats (\{.*\})", (run_dir / "logs" / "proxy.log").read_text())[-1])
-    assert stats["errors"] == {}, stats["errors"]  # every request was answered, retried where needed
-    assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 14
+    second_life = (run_dir / "logs" / "vllm-1.log").read_text().split("non-default args")[-1]
+    assert adapters_loaded(second_life), "the proxy did not load the current adapter on the restarted replica"
+    # The restarted replica served again (its counters start anew), and every request was answered.
+    assert total(final_metrics(run_dir, "vllm-1"), "vllm:request_success_total") > 0
+    assert proxy_stats(run_dir)["errors"] == {}
+    assert metrics_records(run_dir)[-1]["step"] == steps

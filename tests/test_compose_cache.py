@@ -50,7 +50,7 @@ def test_other_overrides_are_other_entries():
 def test_a_recipe_with_an_interpolation_is_never_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPO_TEST_DESCRIPTION", "from the environment")
     d = _user_recipe(tmp_path, "description: ${oc.env:GRPO_TEST_DESCRIPTION}\n")
-    assert cache.key(recipes.search_path([d]), ["recipe=mine"]) is None
+    assert cache.inputs(recipes.search_path([d])) is None
     assert compose(["recipe=mine"], [d]).config.description == "from the environment"
     assert entries() == []
 

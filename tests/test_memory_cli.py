@@ -72,3 +72,14 @@ def test_json_has_a_memory_section_and_suggestions():
     assert len(data["suggestions"]) == 3 and all(s["summary"] for s in data["suggestions"])
 
 
+
+
+def test_parameter_counts_take_a_unit_that_fits(capsys):
+    from grpo_launch.cli import main
+    from grpo_launch.contracts.memory import parameter_count
+
+    assert [parameter_count(n) for n in (72_706_203_648, 1_543_714_304, 494_032_768, 8_400_000, 131_072)] == \
+        ["72.7B", "1.54B", "494M", "8.4M", "0.13M"]
+    assert main(["plan"]) == 0
+    out = capsys.readouterr().out
+    assert "builtin:tiny (built-in): 0.13M parameters" in out and "0.00B" not in out

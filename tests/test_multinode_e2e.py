@@ -104,8 +104,6 @@ def test_a_rendezvous_that_cannot_complete_fails_in_time(tmp_path, node, says):
     assert took < 40, took
 
 
-@pytest.mark.skip(reason="needs the real-vLLM server placement from main (recipe tiny-cpu-server: CPU weight sync, "
-                         "vLLM on CPU); enable after the merge")
 def test_server_placement_with_vllm_and_the_trainer_on_different_nodes(tmp_path):
     result, run_dir = grpo_run(tmp_path, "recipe=tiny-cpu-server", "cluster.nodes=2", "placement.trainer_nodes=1",
                                f"trainer.max_steps={STEPS}", f"run.main_process_port={free_port()}")

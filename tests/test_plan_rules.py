@@ -144,11 +144,12 @@ def test_launch_script_is_valid_bash(recipe, tmp_path):
 
 
 def test_plan_imports_no_torch_trl_or_vllm():
-    """Planning, the memory estimate and the advisor's search stay pure: no heavy import."""
+    """Planning, the memory estimate, the advisor's search and sweeps stay pure: no heavy import."""
     code = ("import sys; from grpo_launch.cli import main\n"
             "for r in ('tiny-cpu', 'qwen72b-colocate', 'qwen7b-server', 'qwen1.5b-async-lora'):\n"
             "    assert main(['plan', 'recipe=' + r, '--json']) == 0\n"
             "assert main(['plan', 'recipe=qwen72b-colocate', 'zero=2', '--suggest', '--json']) == 2\n"
+            "assert main(['plan', '-m', 'recipe=qwen7b-server,qwen7b-colocate', 'zero=2,3', '--json']) == 0\n"
             "heavy = sorted(m for m in ('torch', 'trl', 'vllm', 'transformers', 'deepspeed', 'aiohttp') "
             "if m in sys.modules)\n"
             "print('HEAVY', heavy, file=sys.stderr)")

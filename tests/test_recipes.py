@@ -25,7 +25,7 @@ def _recipe_dir(tmp_path: Path, name: str, description: str) -> Path:
 
 
 def test_every_shipped_recipe_plans():
-    assert len(SHIPPED) == 9
+    assert len(SHIPPED) == 11
     for name in SHIPPED:
         assert plan_json(f"recipe={name}")["recipe"] == name
 
@@ -107,4 +107,4 @@ def test_wheel_ships_the_recipes(tmp_path):
             "print(r.shipped_dir()); print(len(r.list_recipes(r.search_path())))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "site")], capture_output=True, text=True,
                          cwd=tmp_path, check=True, timeout=60).stdout.split()
-    assert out == [str(tmp_path / "site" / "grpo_launch" / "recipes"), "9"]
+    assert out == [str(tmp_path / "site" / "grpo_launch" / "recipes"), str(len(SHIPPED))]

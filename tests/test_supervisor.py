@@ -228,9 +228,8 @@ def test_ctrl_c_stops_every_process(tmp_path, presses):
     assert proc.returncode == 130, out
     assert "interrupted" in out
     assert_all_dead(recorded_pids(pids))
-    # SIGTERM came first (the server ignored it); the server is gone all the same: SIGKILL after the grace period
-    # (one press) or at the second press, long before the 60 s grace period would end.
-    assert "stand-in server ignoring SIGTERM" in (tmp_path / "logs" / "vllm.log").read_text()
+    if presses == 1:  # SIGTERM came first, the server ignored it, and SIGKILL after the grace period ended it
+        assert "stand-in server ignoring SIGTERM" in (tmp_path / "logs" / "vllm.log").read_text()
 
 
 def test_busy_port_is_a_clear_error():

@@ -1,8 +1,11 @@
-"""The `grpo` typer app and the options its subcommands share."""
+"""The `grpo` typer app, its own options (`--version`) and the options its subcommands share."""
 
 from __future__ import annotations
 
 import typer
+
+# What `grpo --version` reports beside grpo-launch: the distributions a run depends on, by their package names.
+STACK = (("TRL", "trl"), ("vLLM", "vllm"), ("DeepSpeed", "deepspeed"), ("torch", "torch"))
 
 app = typer.Typer(
     name="grpo",
@@ -18,3 +21,34 @@ RecipesDirOption = typer.Option(
     None, "--recipes-dir", metavar="DIR",
     help="Add a directory of recipes (its recipe/, cluster/, model/, ... folders) ahead of the shipped ones; "
          "repeatable. $GRPO_RECIPES_PATH adds more.")
+
+
+def versions() -> list[tuple[str, str | None]]:
+    """grpo-launch's version and those of the stack it finds installed (None: not installed), read from the
+    installed metadata: nothing is imported, so `grpo --version` stays instant on a GPU node too."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: list[tuple[str, str | None]] = []
+    for label, name in (("grpo-launch", "grpo-launch"), *STACK):
+        try:
+            found.append((label, version(name)))
+        except PackageNotFoundError:
+            found.append((label, None))
+    return found
+
+
+def _print_version(wanted: bool) -> None:
+    if not wanted:
+        return
+    for label, found in versions():
+        typer.echo(f"{label} {found or 'not installed'}")
+    raise typer.Exit()
+
+
+@app.callback()
+def options(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print grpo-launch's version and those of TRL, vLLM, DeepSpeed and torch found "
+                                      "installed, and exit."),
+) -> None:
+    """The options of `grpo` itself; each subcommand has its own."""

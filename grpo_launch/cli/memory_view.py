@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from grpo_launch.contracts.memory import Budget, MemoryEstimate
-
-if TYPE_CHECKING:
-    from grpo_launch.plan.advisor import Advice
+from grpo_launch.contracts.memory import Budget, MemoryEstimate, parameter_count
+from grpo_launch.plan.advisor import PROXY_ORDER, Advice
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -87,9 +83,9 @@ def print_memory(memory: MemoryEstimate | None, console: Console) -> None:
     if not memory.estimated:
         return
     trainable = "" if memory.trainable_parameters == memory.parameters else \
-        f", {memory.trainable_parameters / 1e6:,.1f}M trainable (LoRA)"
-    console.print(f"[bold]memory[/]    {memory.model} ({memory.source}): {memory.parameters / 1e9:.2f}B parameters"
-                  f"{trainable}; " + ("[green]fits[/]" if memory.fits else "[bold red]does not fit[/]"))
+        f", {parameter_count(memory.trainable_parameters)} trainable (LoRA)"
+    console.print(f"[bold]memory[/]    {memory.model} ({memory.source}): {parameter_count(memory.parameters)} "
+                  f"parameters{trainable}; " + ("[green]fits[/]" if memory.fits else "[bold red]does not fit[/]"))
     if memory.gpus:
         console.print(_table("memory per GPU (peak of each phase)", memory.gpus, "GPU"))
     console.print(_table("host memory per node", memory.hosts, "node"))
@@ -101,9 +97,7 @@ def print_advice(advice: Advice, console: Console) -> None:
         console.print(f"[bold]suggestions[/] none: {why}")
         return
     freed = f" (changing {' '.join(advice.freed)}: nothing fits with it)" if advice.freed else ""
-    console.print(f"[bold]suggestions[/] layouts that fit{freed}, best first by the throughput proxy: more GPUs "
-                  f"training, less offload, vLLM awake, ZeRO below 3, larger micro-batches, TP for the model's size, "
-                  f"room for every sequence, fewer changes")
+    console.print(f"[bold]suggestions[/] layouts that fit{freed}, best first by the throughput proxy: {PROXY_ORDER}")
     for i, s in enumerate(advice.suggestions, 1):
         overrides = " ".join(s.overrides) or "(this plan as it is)"
         console.print(Text.assemble(f"  {i}. ", (overrides, "bold")))

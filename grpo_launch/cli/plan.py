@@ -17,6 +17,9 @@ EXAMPLES = """
   grpo plan recipe=qwen1.5b-colocate zero=3 --json | jq '.processes[].argv'
   grpo plan recipe=qwen72b-colocate --dry-run      also print every file grpo run would write
   grpo plan recipe=qwen72b-colocate zero=2 --suggest   why it does not fit, and three layouts that do
+  grpo plan -m recipe=qwen7b-server,qwen7b-colocate vllm.tensor_parallel_size=1,2,4 zero=2,3
+                                                   12 layouts side by side (comma lists, range(), choice())
+  grpo plan -m recipe=qwen72b-colocate vllm.sleep_level=0,2 zero=3,3-offload --sort throughput --json
 """
 
 
@@ -33,12 +36,23 @@ def plan(
                                  "three layouts that fit in memory, with the overrides to apply."),
     force: bool = typer.Option(False, "--force", help="Plan a layout even when the memory estimate says it does "
                                "not fit."),
+    multirun: bool = typer.Option(False, "-m", "--multirun", help="Sweep: plan every combination of the overrides' "
+                                  "values (Hydra's sweep grammar: a,b,c, range(1,5), choice(a,b), glob(*) over a "
+                                  "group) and print one table, a row per layout, refused ones with their reason."),
+    sort: str | None = typer.Option(None, "--sort", metavar="COLUMN", help="With -m: order the rows by a column, "
+                                    "best first (throughput, headroom, ranks, fits, vllm-gpus, or a swept key)."),
     recipes_dir: list[str] | None = RecipesDirOption,
 ) -> None:
     """Resolve a recipe into the plan: each GPU's role, each process's command and environment, the files."""
     from grpo_launch.compose import compose
+    from grpo_launch.errors import UserError
     from grpo_launch.plan import build_plan
 
+    if multirun:
+        return _sweep(overrides or [], recipes_dir or [], as_json=as_json, sort=sort, dry_run=dry_run,
+                      suggest=suggest)
+    if sort is not None:
+        raise UserError("--sort orders the rows of a sweep", key="--sort", hint="use it with -m")
     composed = compose(overrides or [], recipes_dir or [])
     the_plan = build_plan(composed)
     advice = None
@@ -65,3 +79,31 @@ def plan(
             print_advice(advice, Console(highlight=False))
     if suggest and not force:
         check_fit(composed, the_plan, advice)
+
+
+def _sweep(overrides: list[str], recipes_dir: list[str], *, as_json: bool, sort: str | None, dry_run: bool,
+           suggest: bool) -> None:
+    from grpo_launch.compose.sweep import compose_sweep
+    from grpo_launch.errors import UserError
+    from grpo_launch.plan.sweep import plan_sweep, sort_rows
+
+    for flag, given in (("--dry-run", dry_run), ("--suggest", suggest)):
+        if given:
+            raise UserError(f"{flag} shows one plan; -m compares many", key=flag,
+                            hint=f"pick a row of the sweep and run grpo plan {flag} with its overrides")
+    sweep, composed = compose_sweep(overrides, recipes_dir)
+    rows = plan_sweep(sweep, composed)
+    if sort is not None:
+        rows = sort_rows(rows, sort, sweep.keys)
+    if as_json:
+        from grpo_launch.cli.sweep_view import sweep_json
+
+        typer.echo(json.dumps(sweep_json(sweep.keys, rows), indent=2))
+    else:
+        from grpo_launch.cli.sweep_view import print_sweep
+
+        print_sweep(sweep.keys, rows)
+    if all(r.plan is None for r in rows):  # nothing to compare: as bad as a single plan that is refused
+        first = rows[0].error
+        raise UserError(f"none of the {len(rows)} combinations can be planned; the first: {first.message}",
+                        key=first.key, hint=first.hint, origin=first.origin)

@@ -71,6 +71,10 @@ def run(
         None, "--node-rank", metavar="K", help="Start only node K's processes: on each machine of a multi-node plan "
                                                "whose nodes are other machines (the same run.dir on shared storage)."),
     grace_s: float = typer.Option(15.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every line the processes print (TRL's raw "
+                                 "log records and progress bars too) instead of the compact training view."),
+    multirun: bool = typer.Option(False, "-m", "--multirun", help="Refused: grpo run starts one run at a time; "
+                                  "compare the layouts of a sweep with `grpo plan -m` and run the one you pick."),
     recipes_dir: list[str] | None = RecipesDirOption,
 ) -> None:
     """Train: write the run directory, start every process of the plan in order, stop them all together."""
@@ -82,6 +86,11 @@ def run(
     from grpo_launch.materialize import config_document, new_run_dir, run_files
     from grpo_launch.plan import build_plan
 
+    if multirun:
+        raise UserError("grpo run starts one run at a time: -m (a sweep) is for grpo plan -m, which plans every "
+                        "combination side by side", key="-m",
+                        hint=f"grpo plan -m {' '.join(overrides or [])}, then grpo run with the overrides of the "
+                             f"row you pick".replace("  ", " "))
     overrides, dirs = list(overrides or []), list(recipes_dir or [])
     if resume is not None:
         overrides, dirs = _resume_inputs(resume, overrides, dirs)
@@ -117,7 +126,7 @@ def run(
             console.print(f"[bold]would then run[/] {' '.join(the_plan.scheduler.submit)} (in the run directory)")
         return
     if the_plan.scheduler.kind == "local":
-        _launch(composed, the_plan, dirs, resume, nodes, node_rank is not None, grace_s, console)
+        _launch(composed, the_plan, dirs, resume, nodes, node_rank is not None, grace_s, console, verbose)
     else:
         _submit(composed, the_plan, dirs, resume, console)
 
@@ -145,7 +154,7 @@ def nodes_to_run(plan: Plan, node_rank: int | None) -> list[int]:
 
 
 def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | None, nodes: list[int], join: bool,
-            grace_s: float, console: Console) -> None:
+            grace_s: float, console: Console, verbose: bool) -> None:
     from grpo_launch.launch import curves
     from grpo_launch.launch.node import prepare_node, run_nodes
     from grpo_launch.materialize import materialize
@@ -156,21 +165,19 @@ def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | 
     if join and the_plan.nodes > 1:
         console.print(f"[yellow]node {nodes[0]} of {the_plan.nodes}: start the others (`grpo run --node-rank K`, the "
                       f"same run.dir) within run.rendezvous_timeout_s[/]")
-    curves.preload_plotting()
-    code = run_nodes(prepared, run_dir, nodes, grace_s=grace_s, console=console).code
     # the node of trainer rank 0 (which logs the metrics) draws the curve; others sharing run.dir leave it be
     logs_metrics = any(0 in p.ranks for p in the_plan.processes if p.node in nodes)
-    _finish(composed, run_dir, code, console, draw=logs_metrics)
+    plotter = curves.CurvePlotter(run_dir, f"{composed.recipe} ({run_dir.name})") if logs_metrics else None
+    code = run_nodes(prepared, run_dir, nodes, grace_s=grace_s, console=console, verbose=verbose).code
+    _finish(run_dir, code, console, plotter.finish() if plotter else None, draw=logs_metrics)
 
 
-def _finish(composed: Composed, run_dir: Path, code: int, console: Console, *, draw: bool = True) -> None:
+def _finish(run_dir: Path, code: int, console: Console, curve: Path | None, *, draw: bool = True) -> None:
     from grpo_launch.launch import curves
 
     records = curves.read_metrics(run_dir) if draw else []
     if records:
-        curve = curves.plot(run_dir, records, f"{composed.recipe} ({run_dir.name})")
-        numbers = curves.summary(records)
-        console.print(f"[bold]metrics[/] {numbers}")
+        console.print(f"[bold]metrics[/] {curves.summary(records)}")
         if curve is not None:
             console.print(f"[bold]reward curve[/] {curve}")
     console.print(f"[bold]{'done' if code == 0 else 'failed'}[/] run directory: {run_dir}")
@@ -194,7 +201,7 @@ def _submit(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | 
     import shlex
     import shutil
 
-    from grpo_launch.launch import skypilot, slurm
+    from grpo_launch.launch import curves, skypilot, slurm
     from grpo_launch.materialize import materialize
 
     where, missing = SCHEDULED[the_plan.scheduler.kind]
@@ -208,4 +215,6 @@ def _submit(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | 
         code = slurm.submit_and_follow(the_plan, run_dir, console, poll_s=composed.config.scheduler.slurm.poll_s)
     else:
         code = skypilot.launch(the_plan, run_dir, console)
-    _finish(composed, run_dir, code, console)
+    records = curves.read_metrics(run_dir)
+    curve = curves.plot(run_dir, records, f"{composed.recipe} ({run_dir.name})") if records else None
+    _finish(run_dir, code, console, curve)

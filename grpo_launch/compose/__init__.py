@@ -4,12 +4,15 @@ Hydra and OmegaConf live here and nowhere else, through their public APIs: `hydr
 recipe directories, and the schema (`compose.schema.Config`) as the primary config's structured config, so that
 OmegaConf itself rejects unknown keys, converts types and finds missing values. Overrides use Hydra's grammar
 (`key=value`, `group=option`, `+key=value`, `~key`); every error a user can make (a malformed override, an unknown
-key, recipe or group option, a wrong type, a missing value, a bound) becomes a `UserError` naming the key, before
-anything is written.
+key, recipe or group option, a wrong type, a missing value, a bound) becomes a `UserError` naming the key and where
+its value came from (`compose.origins`), before anything is written. A `Composer` composes each choice of group
+options with Hydra once and applies the key overrides to a copy, so the combinations of a sweep (`compose.sweep`)
+that differ only in keys cost milliseconds.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import typing
@@ -21,6 +24,8 @@ from typing import Any
 import yaml
 
 from grpo_launch.compose import cache, recipes, schema, trl_fields
+from grpo_launch.compose.grammar import parse_override
+from grpo_launch.compose.origins import Origins
 from grpo_launch.errors import UserError, did_you_mean
 
 PRIMARY_DIR = Path(__file__).with_name("primary")  # config.yaml: one option per group, the schema first
@@ -35,32 +40,25 @@ class Composed:
     config: schema.Config            # typed and validated
     overrides: tuple[str, ...]       # the command-line overrides as given
     choices: dict[str, str]          # the option chosen in each config group
+    origins: Origins                 # where each value came from, for the errors about a key
 
 
 def _every_key() -> list[str]:
     return [k for k, *_ in schema.schema_keys()] + [f"trainer.{n}" for n in trl_fields.all_field_names()]
 
 
-def _translate_overrides(overrides: Sequence[str], dirs: list[Path]) -> list[str]:
-    """The user's overrides as Hydra should apply them: group options checked and quoted, keys of free-form
-    mappings (trainer.*, env.set.*) added where the recipe leaves them out; sweeps and hydra.* refused."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    parser = OverridesParser.create()
-    out = []
+def _translate_overrides(overrides: Sequence[str], dirs: list[Path]) -> tuple[list[str], list[Any]]:
+    """The user's overrides as they are applied: group options checked and quoted, for Hydra's defaults list; key
+    overrides parsed, keys of free-form mappings (trainer.*, env.set.*) added where the recipe leaves them out.
+    Sweeps, group@package and hydra.* are refused."""
+    groups, keys = [], []
     for text in overrides:
-        try:
-            (o,) = parser.parse_overrides([text])
-        except OverrideParseException as e:
-            first = str(e).splitlines()[0] if str(e) else "unparseable"
-            raise UserError(f"malformed override '{text}': {first}", key=text,
-                            hint="overrides look like key=value, group=option, +key=value or ~key; "
-                                 "quote values with spaces: key='a b'") from None
-        if o.is_sweep_override():
-            raise UserError(f"'{text}': sweeps (a,b or range()) are not supported; run one configuration at "
-                            f"a time", key=o.key_or_group)
+        o = parse_override(text)
         key = o.key_or_group
+        if o.is_sweep_override():
+            raise UserError(f"'{text}': sweeps (a,b, range(), choice()) are for `grpo plan -m`, which plans every "
+                            f"combination side by side; here give {key} one value", key=key,
+                            hint="grpo plan -m " + " ".join(overrides))
         if o.package is not None:
             raise UserError(f"'{text}': group@package overrides are not supported", key=key)
         if key in recipes.GROUPS:
@@ -71,7 +69,7 @@ def _translate_overrides(overrides: Sequence[str], dirs: list[Path]) -> list[str
             if not isinstance(value, (str, int)) or isinstance(value, bool):
                 raise UserError(f"'{text}': {key}=NAME takes one option name", key=key)
             recipes.check_option(dirs, key, str(value))
-            out.append(f"{key}='{value}'")  # quoted: zero=2 names the option file "2", not the integer 2
+            groups.append(f"{key}='{value}'")  # quoted: zero=2 names the option file "2", not the integer 2
             continue
         if key.split(".")[0] == "hydra":
             raise UserError(f"'{text}': hydra.* settings are managed by grpo-launch", key=key,
@@ -80,20 +78,59 @@ def _translate_overrides(overrides: Sequence[str], dirs: list[Path]) -> list[str
             raise UserError(f"'{key}': trainer.* keys are TRL field names, one level deep", key=key)
         plain = not (o.is_delete() or o.is_add() or o.is_force_add())
         # A free-form mapping's key may be new; anything else must exist in the schema, which OmegaConf checks.
-        out.append(f"++{text}" if plain and schema.opens_mapping(key) else text)
-    return out
+        keys.append(parse_override(f"++{text}") if plain and schema.opens_mapping(key) else o)
+    return groups, keys
+
+
+def _apply_key_overrides(cfg: Any, overrides: list[Any]) -> None:
+    """Key overrides applied to a composed config the way Hydra applies them once it has merged the defaults list
+    (its documented grammar: key=value replaces, merging mappings; +key=value adds; ++key=value adds or replaces;
+    ~key[=value] deletes), through OmegaConf's public API. So one Hydra composition of the group options serves
+    every combination of keys of a sweep. Failures are raised in Hydra's words, which `_user_error` reads."""
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    for o in overrides:
+        key, value = o.key_or_group, o.value()
+        try:
+            if o.is_delete():
+                found = OmegaConf.select(cfg, key, throw_on_missing=False)
+                if found is None:
+                    raise ConfigCompositionException(f"Could not delete from config. '{key}' does not exist.")
+                if value is not None and value != found:
+                    raise ConfigCompositionException(f"Could not delete from config. The value of '{key}' is "
+                                                     f"{found} and not {value}.")
+                parent, _, leaf = key.rpartition(".")
+                with open_dict(cfg):
+                    del (OmegaConf.select(cfg, parent) if parent else cfg)[leaf]
+            elif o.is_add() and OmegaConf.select(cfg, key, throw_on_missing=False) is not None \
+                    and not isinstance(value, (dict, list)):
+                raise ConfigCompositionException(f"Could not append to config. An item is already at '{key}'.")
+            elif o.is_add() or o.is_force_add():
+                OmegaConf.update(cfg, key, value, merge=True, force_add=True)
+            else:
+                try:
+                    OmegaConf.update(cfg, key, value, merge=True)
+                except (ConfigAttributeError, ConfigKeyError) as e:
+                    raise ConfigCompositionException(f"Could not override '{key}'.\nTo append to your config use "
+                                                     f"+{o.input_line}") from e
+        except OmegaConfBaseException as e:
+            raise ConfigCompositionException(f"Error merging override {o.input_line}") from e
 
 
 def _quoted(path: Path) -> str:
     return "'file://" + str(path).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _hydra_compose(dirs: list[Path], overrides: list[str]) -> tuple[schema.Config, dict[str, str]]:
+def _hydra_compose(dirs: list[Path], groups: list[str]) -> tuple[Any, dict[str, str]]:
+    """Hydra's composition of the defaults list with these group options: the config before any key override
+    (a DictConfig in struct mode), and the option chosen in each group."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=schema.Config)
@@ -103,15 +140,28 @@ def _hydra_compose(dirs: list[Path], overrides: list[str]) -> tuple[schema.Confi
     quiet = ["hydra/job_logging=none", "hydra/hydra_logging=none"]  # grpo-launch configures no logging through Hydra
     try:
         with initialize_config_dir(config_dir=str(PRIMARY_DIR), version_base=None):
-            cfg = hydra_compose(recipes.PRIMARY, overrides=[*overrides, searchpath, *quiet], return_hydra_config=True)
+            cfg = hydra_compose(recipes.PRIMARY, overrides=[*groups, searchpath, *quiet], return_hydra_config=True)
         choices = {g: str(cfg.hydra.runtime.choices.get(g)) for g in recipes.GROUPS}
         with open_dict(cfg):
             del cfg["hydra"]
-        config = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
-        raise _user_error(e, overrides) from None
+        raise _user_error(e, []) from None
+    return cfg, choices
+
+
+def _typed(cfg: Any, keys: list[Any]) -> schema.Config:
+    """The composed config with the key overrides applied, as the typed `Config`."""
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        _apply_key_overrides(cfg, keys)
+        config = OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        raise _user_error(e, [o.input_line for o in keys]) from None
     assert isinstance(config, schema.Config)
-    return config, choices
+    return config
 
 
 def _omegaconf_cause(e: BaseException) -> Any:
@@ -155,10 +205,8 @@ def _unknown_path(text: str, full_key: str, overrides: list[str]) -> str:
     if full_key == overridden or full_key.startswith(overridden + "."):
         return full_key
     if typing.get_origin(schema.type_at(overridden)) is list:  # find the entry holding the unknown key
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
         key = full_key.split(".")[0]
-        for given in OverridesParser.create().parse_overrides(overrides):
+        for given in map(parse_override, overrides):
             if given.key_or_group == overridden and isinstance(given.value(), list):
                 index = next((i for i, v in enumerate(given.value()) if isinstance(v, dict) and key in v), 0)
                 return f"{overridden}[{index}].{full_key}"
@@ -190,13 +238,54 @@ def _wrong_type(path: str, message: str) -> UserError:
     return UserError(f"'{path}' must be {kind}{got}", key=path, hint=hint)
 
 
+class Composer:
+    """Composes recipes over one search path. Hydra's composition of the defaults list is most of the cost, so each
+    choice of group options is composed by Hydra once and the key overrides are applied to a copy of it (as Hydra
+    applies them after the defaults list): the combinations of a sweep that differ only in keys cost milliseconds.
+    Compositions that succeeded are also kept in the cache (`compose.cache`)."""
+
+    def __init__(self, recipe_dirs: Sequence[str | Path] = ()) -> None:
+        self.dirs = recipes.search_path(recipe_dirs)
+        self.cache_inputs = cache.inputs(self.dirs) if cache.enabled() else None
+        self._by_groups: dict[tuple[str, ...], tuple[Any, dict[str, str]] | UserError] = {}
+
+    def _groups(self, groups: list[str], origins: Origins) -> tuple[Any, dict[str, str]]:
+        key = tuple(groups)
+        if key not in self._by_groups:
+            try:
+                self._by_groups[key] = _hydra_compose(self.dirs, groups)
+            except UserError as e:
+                self._by_groups[key] = e
+        found = self._by_groups[key]
+        if isinstance(found, UserError):
+            raise origins.locate(found)
+        cfg, choices = found
+        return copy.deepcopy(cfg), choices
+
+    def compose(self, overrides: Sequence[str] = ()) -> Composed:
+        overrides = tuple(overrides)
+        entry = cache.key(self.cache_inputs, overrides) if self.cache_inputs is not None else None
+        cached = cache.load(entry) if entry else None
+        if cached:
+            config, choices = cached
+        else:
+            groups, keys = _translate_overrides(overrides, self.dirs)
+            cfg, choices = self._groups(groups, Origins(tuple(self.dirs), None, overrides))
+            try:
+                config = _typed(cfg, keys)
+            except UserError as e:
+                raise Origins(tuple(self.dirs), tuple(choices.items()), overrides).locate(e) from None
+        origins = Origins(tuple(self.dirs), tuple(choices.items()), overrides)
+        try:
+            schema.check_bounds(config)
+            trl_fields.check_trainer_names(config.trainer)
+        except UserError as e:
+            raise origins.locate(e, config) from None
+        if entry and not cached:
+            cache.store(entry, dataclasses.asdict(config), choices)
+        return Composed(recipe=choices["recipe"], config=config, overrides=overrides, choices=choices,
+                        origins=origins)
+
+
 def compose(overrides: Sequence[str] = (), recipe_dirs: Sequence[str | Path] = ()) -> Composed:
-    dirs = recipes.search_path(recipe_dirs)
-    entry = cache.key(dirs, overrides) if cache.enabled() else None
-    cached = cache.load(entry) if entry else None
-    config, choices = cached or _hydra_compose(dirs, _translate_overrides(overrides, dirs))
-    schema.check_bounds(config)
-    trl_fields.check_trainer_names(config.trainer)
-    if entry and not cached:
-        cache.store(entry, dataclasses.asdict(config), choices)
-    return Composed(recipe=choices["recipe"], config=config, overrides=tuple(overrides), choices=choices)
+    return Composer(recipe_dirs).compose(overrides)

@@ -42,9 +42,10 @@ def _stamp(path: Path) -> str:
     return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
-def key(dirs: Sequence[Path], overrides: Sequence[str]) -> str | None:
-    """The entry's name for this composition, or None when it cannot be cached."""
-    parts = [f"format {FORMAT}", *overrides, "--"]
+def inputs(dirs: Sequence[Path]) -> str | None:
+    """Everything a composition reads but its overrides (read once for the many compositions of a sweep), or None
+    when it cannot be cached."""
+    parts = []
     for d in dirs:
         for path in sorted(d.rglob("*.yaml")):
             if "${" in path.read_text():
@@ -53,7 +54,12 @@ def key(dirs: Sequence[Path], overrides: Sequence[str]) -> str | None:
     for room in KEYED_CODE:
         parts += [_stamp(p) for p in sorted((CODE / room).rglob("*.py"))]
     parts.append(_stamp(Path(__file__).with_name("primary") / "config.yaml"))
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    return "\n".join(parts)
+
+
+def key(read: str, overrides: Sequence[str]) -> str:
+    """The entry's name for these overrides, over what `inputs` found."""
+    return hashlib.sha256("\n".join([f"format {FORMAT}", *overrides, "--", read]).encode()).hexdigest()
 
 
 def load(entry: str) -> tuple[schema.Config, dict[str, str]] | None:

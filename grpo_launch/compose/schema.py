@@ -26,8 +26,9 @@ from grpo_launch.errors import UserError, did_you_mean
 class TinyModel:
     hidden_size: int = knob(64, "Hidden size of the built-in tiny Qwen2-shaped model.", ge=8)
     num_layers: int = knob(2, "Decoder layers of the tiny model.", ge=1)
-    num_heads: int = knob(4, "Attention heads of the tiny model.", ge=1)
-    num_kv_heads: int = knob(2, "Key/value heads of the tiny model (divides num_heads).", ge=1)
+    num_heads: int = knob(2, "Attention heads of the tiny model; vLLM's CPU attention needs hidden_size / num_heads "
+                             "(the head size) of 32 or more.", ge=1)
+    num_kv_heads: int = knob(1, "Key/value heads of the tiny model (divides num_heads).", ge=1)
     max_position_embeddings: int = knob(128, "Longest sequence the tiny model accepts.", ge=16)
 
 
@@ -52,8 +53,9 @@ class Reward:
 
 @dataclass(kw_only=True)
 class Cluster:
-    accelerator: str = knob("cuda", "Device kind. cpu runs trainer ranks as CPU processes (gloo) and cannot "
-                                    "host vLLM.", choices=("cuda", "cpu"))
+    accelerator: str = knob("cuda", "Device kind. cpu runs trainer ranks as CPU processes (gloo) and vLLM's CPU "
+                                    "build (no sleep mode, no NCCL weight sync: weights are reloaded from files).",
+                            choices=("cuda", "cpu"))
     nodes: int = knob(1, "Number of machines.", ge=1)
     gpus_per_node: int = knob(8, "GPUs per machine (with accelerator=cpu: trainer processes per machine).", ge=1)
     gpu_type: str = knob("H100", "GPU model, for the plan view and the memory estimate.")
@@ -81,9 +83,6 @@ class Placement:
 class Vllm:
     enabled: bool = knob(True, "Generate with vLLM. false: generate with transformers inside the trainer "
                                "(CPU runs, debugging; colocate only).")
-    server: str = knob("vllm", "What serves vLLM's HTTP API in server placements: vllm (`vllm serve`), or "
-                               "cpu-smoke (grpo-launch's CPU engine for smoke tests without a GPU; not vLLM; "
-                               "async-lora only).", choices=("vllm", "cpu-smoke"))
     tensor_parallel_size: int = knob(1, "GPUs per vLLM engine (tensor parallelism).", ge=1)
     data_parallel_size: int | None = knob(None, "vLLM engines. colocate: derived (trainer ranks / TP); server: 1; "
                                                 "async-lora: independent replicas (default 2).", ge=1)
@@ -110,6 +109,9 @@ class Vllm:
                                    gt=0)
     stagger_s: float = knob(10.0, "async-lora: seconds between starting two replicas (spreads the load "
                                   "of weights from shared storage).", ge=0)
+    cpu_kvcache_space_gib: int = knob(1, "cluster.accelerator=cpu: GiB of host memory each vLLM engine keeps for "
+                                         "its KV cache (VLLM_CPU_KVCACHE_SPACE); gpu_memory_utilization does not "
+                                         "apply on a CPU.", ge=1)
     max_restarts: int = knob(3, "async-lora: how often the supervisor restarts a replica that dies (the proxy "
                                 "takes it back once healthy); the next death stops the run.", ge=0)
 

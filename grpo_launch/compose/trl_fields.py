@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from grpo_launch.compose.origins import shown
 from grpo_launch.errors import UserError, did_you_mean
 
 FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
@@ -26,6 +27,8 @@ REMOVED_FIELDS = {
                          "vllm.max_model_len",
     "use_peft": "grpo-launch configures LoRA through lora.enabled",
 }
+# Why a field of one of TRL's config classes is missing from another (the plan's error says it).
+MISSING_BECAUSE = {("AsyncGRPOConfig", "beta"): "async GRPO has no KL term"}
 
 _KIND_OK = {
     "bool": lambda v: isinstance(v, bool),
@@ -74,6 +77,13 @@ def _check(args: dict[str, Any], fields: dict[str, TrlField], where: str) -> Non
         if name not in fields:
             if name in REMOVED_FIELDS:
                 raise UserError(f"unknown key '{path}': {REMOVED_FIELDS[name]}", key=path)
+            owners = [cls for cls in CONFIG_CLASSES if name in fields_of(cls)]
+            if owners:  # valid with another placement's trainer: say so, not "unknown"
+                why = MISSING_BECAUSE.get((where, name))
+                raise UserError(f"{path}={shown(value)} is not a field of {where}{f': {why}' if why else ''}; "
+                                f"remove it with ~{path}", key=path,
+                                hint=f"trainer.* takes the fields of TRL {trl_version()}'s {where}; {name} is "
+                                     f"{' and '.join(owners)}'s")
             raise UserError(f"unknown key '{path}'{did_you_mean(name, fields, prefix='trainer.')}", key=path,
                             hint=f"trainer.* takes the fields of TRL {trl_version()}'s {where}")
         f = fields[name]

@@ -9,6 +9,12 @@ from typing import Any
 GIB = 1024 ** 3
 
 
+def parameter_count(n: float) -> str:
+    """A parameter count in the unit that fits: '72.7B', '1.54B', '494M', '0.13M' (the tiny model)."""
+    value, unit = (n / 1e9, "B") if n >= 1e9 else (n / 1e6, "M")
+    return f"{value:.3g}{unit}" if value >= 1 else f"{value:.2f}{unit}"
+
+
 @dataclass(frozen=True)
 class Component:
     name: str

@@ -20,6 +20,10 @@ from grpo_launch.contracts.typed import build
 ROLES = ("trainer", "vllm", "proxy")
 # What the trainer entrypoint runs (TrainerInputs.trainer): TRL's GRPOTrainer, or AsyncGRPOTrainer.
 TRAINERS = ("grpo", "async-grpo")
+# How trained weights reach vLLM (TrainerInputs.weight_sync): TRL's own way (NCCL to a server, a direct load into a
+# colocated engine, adapters through files), or, where that cannot work (a CPU), the weights written to the run
+# directory's WEIGHT_SYNC_DIR and reloaded by the engine.
+WEIGHT_SYNCS = ("trl", "reload")
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class ProcessSpec:
     start_delay_s: float = 0.0                 # wait this long after the previous process of its role started
     restart: Restart | None = None             # None: its death stops the run
     diagnoses: tuple[Diagnosis, ...] = ()      # known failure messages and their causes
+    metrics_url: str | None = None             # Prometheus text, kept in logs/<name>.metrics when the run stops
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,7 @@ class TrainerInputs:
     lora: Lora | None                          # None: train every weight
     attn_implementation: str | None
     chat_prompts: bool = False                 # turn plain prompts into chat messages (TRL's async worker needs it)
+    weight_sync: str = "trl"                   # one of WEIGHT_SYNCS
 
 
 @dataclass(frozen=True)

@@ -15,3 +15,4 @@ SKYPILOT_TASK_FILE = "task.yaml"   # scheduler=skypilot: the SkyPilot task
 JOB_LOG = "job.log"                # under logs/: the batch script's own output
 NODE_FAILURES = "node-{node}.failure"  # under logs/: 'CODE TIME_NS REASON' of a node whose processes failed
 PREPARE_LOCK = ".prepare.lock"    # nodes sharing a run directory take turns at the prepare steps
+WEIGHT_SYNC_DIR = "weight-sync"   # weights the trainer writes for vLLM to reload (CPU runs), rewritten every step

@@ -16,10 +16,12 @@ MODEL_TYPE = "qwen2"
 
 def config_json(*, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
                 max_position_embeddings: int) -> dict[str, Any]:
-    """The model's config.json (transformers' Qwen2Config fields): a Qwen2 layout with a 4x MLP."""
+    """The model's config.json (transformers' Qwen2Config fields): a Qwen2 layout with a 4x MLP and an output head
+    of its own. Untied, because vLLM's weight reload (`reload_weights`, how CPU runs push trained weights into a
+    server or a colocated engine) does not refresh a head tied to the embeddings."""
     token = {name: VOCABULARY.index(name) for name in ("<pad>", "<eos>", "<bos>")}
     return {"model_type": MODEL_TYPE, "vocab_size": len(VOCABULARY), "hidden_size": hidden_size,
             "intermediate_size": 4 * hidden_size, "num_hidden_layers": num_layers,
             "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads,
-            "max_position_embeddings": max_position_embeddings, "tie_word_embeddings": True,
+            "max_position_embeddings": max_position_embeddings, "tie_word_embeddings": False,
             "pad_token_id": token["<pad>"], "eos_token_id": token["<eos>"], "bos_token_id": token["<bos>"]}

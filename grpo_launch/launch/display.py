@@ -1,86 +1,190 @@
 """The console view of a run: an observer of the supervisor's events, never part of its control.
 
-Every process's lines with a coloured prefix, what is being waited for, the training progress read from
-metrics.jsonl, and each failure with its log tail. One rich `Live` region holds the waits and the progress bar, so
-they can show at the same time (a replica restarting while the trainer trains).
+Three ways to show a run, all of them keeping every line whole in the process's log and every TRL record in
+metrics.jsonl:
+
+- in a terminal: a live region at the bottom, redrawn in place, holds what is awaited and the training view (step,
+  mean reward and its trend, loss, KL where there is one, completion length, step time, ETA), read from
+  metrics.jsonl. Above it, what the processes say with a coloured prefix: errors, warnings, readiness. TRL's raw
+  log records (a Python dict of ~30 metrics a step) and progress bars are not echoed: the view shows them;
+- without a terminal (a pipe, CI, a batch job): the same prefixed lines, and the training view as a plain line at
+  a steady cadence (the first step, then every `PLAIN_EVERY_S` while steps advance, and the last), without
+  control characters;
+- `--verbose`: every line as the processes print it, the raw stream as it always was.
+
+Watching must not slow the training it watches (benchmarks/run_overhead.py): the live region is redrawn only when
+something changed, and a line costs a few string tests before it is printed or passed over.
 """
 
 from __future__ import annotations
 
-import json
+import re
 import time
+from collections import deque
 from pathlib import Path
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress_bar import ProgressBar
 from rich.spinner import Spinner
+from rich.table import Table
 from rich.text import Text
 
+from grpo_launch.launch.curves import MetricsTail
 from grpo_launch.launch.result import RunResult
 
 COLORS = ("green", "magenta", "cyan", "yellow", "blue", "bright_red", "bright_green", "bright_magenta")
+PLAIN_EVERY_S = 10.0
+TREND_STEPS = 5                   # the reward's trend: the mean of the last records against the ones before
+SPARK = "▁▂▃▄▅▆▇█"
+# A tqdm progress bar at the start of a line's last segment: "Map: 100%|██████████| 512/512 [00:00<00:00, ...]".
+PROGRESS_BAR = re.compile(r"^\s*(?:[^|\[]*: )?\s*\d+%\|[^|]*\|[^\[]*\[[^\]]*\]")
 
 
-class LogTail:
-    """The new complete lines of a growing file (a line still being written waits for the next read)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-
-    def lines(self) -> list[str]:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                complete = f.read().rpartition(b"\n")[0]
-        except OSError:
-            return []
-        if not complete:
-            return []
-        self.offset += len(complete) + 1
-        return complete.decode(errors="replace").splitlines()
+def echoed_part(text: str) -> str | None:
+    """What the compact views show of a process's line: nothing of a TRL log record or a progress bar (the
+    training view shows them), else what is left once any progress bar drawn into the line is taken out (a
+    warning printed right after one)."""
+    last = text.rpartition("\r")[2]
+    if last.startswith("{'") and last.endswith("}"):
+        return None
+    if "%|" in last:
+        last = PROGRESS_BAR.sub("", last, count=1)
+        if not last.strip():
+            return None
+    return last
 
 
-class TrainingProgress:
-    """A progress bar fed by the trainer's metrics.jsonl: steps done of max_steps, and the latest reward."""
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    return f"{minutes} min {seconds:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+class TrainingView:
+    """The training as metrics.jsonl tells it: the latest record, the rewards so far, the pace of the steps."""
 
     def __init__(self, metrics: Path, total_steps: int) -> None:
-        self.metrics = LogTail(metrics)
-        self.bar = Progress(SpinnerColumn(), TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("steps"), TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
-        self.task: TaskID = self.bar.add_task("training", total=total_steps if total_steps > 0 else None, info="")
+        self.tail = MetricsTail(metrics)
+        self.total = total_steps if total_steps > 0 else None
+        self.step = 0
+        self.latest: dict = {}
+        self.rewards: deque[float] = deque(maxlen=4 * TREND_STEPS)
+        self.times: deque[tuple[int, float]] = deque(maxlen=2 * TREND_STEPS)  # (step, wall time) of the records
 
-    def update(self) -> None:
-        for line in self.metrics.lines():
-            record = json.loads(line)
-            info = f"reward {record['reward']:.3f}" if "reward" in record else ""
-            self.bar.update(self.task, completed=record["step"], **({"info": info} if info else {}))
+    def update(self) -> bool:
+        """Read the records written since the last update; whether there was any."""
+        records = self.tail.new_records()
+        for record in records:
+            self.step = record["step"]
+            if "reward" in record:  # a training step's record, not the run's closing summary
+                self.latest = record
+                self.rewards.append(record["reward"])
+                self.times.append((record["step"], record["time"]))
+        return bool(records)
+
+    @property
+    def done(self) -> bool:
+        return self.total is not None and self.step >= self.total
+
+    def trend(self) -> float | None:
+        """The mean reward of the last `TREND_STEPS` records less that of the ones before them."""
+        recent = list(self.rewards)[-2 * TREND_STEPS:]
+        half = len(recent) // 2
+        if half == 0:
+            return None
+        return sum(recent[half:]) / (len(recent) - half) - sum(recent[:half]) / half
+
+    def step_seconds(self) -> float | None:
+        if "step_time" in self.latest:
+            return self.latest["step_time"]
+        if len(self.times) < 2:
+            return None
+        (first_step, first), (last_step, last) = self.times[0], self.times[-1]
+        return (last - first) / (last_step - first_step) if last_step > first_step else None
+
+    def eta(self) -> float | None:
+        """Seconds left by the pace of the recent records (wall time, so logging and generation count)."""
+        if self.total is None or len(self.times) < 2:
+            return None
+        (first_step, first), (last_step, last) = self.times[0], self.times[-1]
+        return (self.total - self.step) * (last - first) / (last_step - first_step) if last_step > first_step \
+            else None
+
+    def fields(self) -> list[tuple[str, str]]:
+        """(name, value) of what the view shows, in order."""
+        r = self.latest
+        total = f"/{self.total}" if self.total else ""
+        out = [("step", f"{self.step}{total}")]
+        if "reward" in r:
+            trend = self.trend()
+            out.append(("reward", f"{r['reward']:.3f}" + ("" if trend is None else f" (trend {trend:+.3f})")))
+        for key, name, fmt in (("loss", "loss", ".4g"), ("kl", "kl", ".4g"),
+                               ("completions/mean_length", "length", ".1f")):
+            if key in r:
+                out.append((name, format(r[key], fmt)))
+        seconds = self.step_seconds()
+        if seconds is not None:
+            out.append(("step time", f"{seconds:.2f} s"))
+        eta = self.eta()
+        if eta is not None and not self.done:
+            out.append(("ETA", _duration(eta)))
+        return out
+
+    def plain(self) -> str:
+        return " · ".join(f"{name} {value}" for name, value in self.fields())
+
+    def sparkline(self) -> str:
+        values = list(self.rewards)
+        if len(values) < 2:
+            return ""
+        low, high = min(values), max(values)
+        span = (high - low) or 1.0
+        return "".join(SPARK[min(len(SPARK) - 1, int((v - low) / span * len(SPARK)))] for v in values)
+
+    def __rich__(self) -> Table:
+        (_, step), *rest = self.fields()
+        line = Text()
+        for name, value in rest:
+            line.append(f"{name} ", style="dim").append(f"{value}  ")
+        grid = Table.grid(padding=(0, 1))
+        grid.add_row(Text("training", style="bold"), ProgressBar(total=self.total, completed=self.step, width=24),
+                     Text(step), Text(self.sparkline(), style="green"), line)
+        return grid
 
 
 class ConsoleDisplay:
-    def __init__(self, console: Console, names: list[str]) -> None:
+    def __init__(self, console: Console, names: list[str], *, verbose: bool = False) -> None:
         self.console = console
+        self.verbose = verbose
+        self.terminal = console.is_terminal
         self.width = max((len(n) for n in names), default=0)
         self.colors = {name: COLORS[i % len(COLORS)] for i, name in enumerate(names)}
+        self.prefixes = {name: Text(f"{name:>{self.width}} │ ", style=self.colors[name]) for name in names}
         self.waits: dict[str, tuple[str, float]] = {}    # what is awaited: name -> (url, since)
-        self.progress: TrainingProgress | None = None
-        self.live = Live(self, console=console, transient=True, refresh_per_second=4, auto_refresh=True)
+        self.view: TrainingView | None = None
+        self.plain_at = float("-inf")                   # when the last plain line was printed
+        self.plain_step = 0
+        self.live = Live(self, console=console, transient=True, auto_refresh=False) if self.terminal else None
 
     def __rich__(self) -> Group:
         parts = []
         for name, (url, since) in self.waits.items():
             parts.append(Spinner("dots", Text(f"waiting for {name} at {url} ({time.monotonic() - since:.0f} s)")))
-        if self.progress is not None:
-            parts.append(self.progress.bar)
+        if self.view is not None and self.view.step:
+            parts.append(self.view)
         return Group(*parts)
 
     def __enter__(self) -> ConsoleDisplay:
-        self.live.start()
+        if self.live is not None:
+            self.live.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.live.stop()
+        if self.live is not None:
+            self.live.stop()
 
     def say(self, message: str, style: str = "bold") -> None:
         self.console.print(Text(f"[grpo] {message}", style=style))
@@ -93,11 +197,14 @@ class ConsoleDisplay:
         self.say(f"started {name} (pid {pid}, GPUs {','.join(map(str, gpus)) or '-'})", style=self.colors[name])
 
     def line(self, name: str, text: str) -> None:
-        prefix = Text(f"{name:>{self.width}} │ ", style=self.colors.get(name, ""))
-        self.console.print(prefix + Text(text.split("\r")[-1]), soft_wrap=True)
+        shown = text.rpartition("\r")[2] if self.verbose else echoed_part(text)
+        if shown is not None:
+            self.console.print(self.prefixes[name] + Text(shown), soft_wrap=True)
 
     def waiting(self, name: str, url: str) -> None:
         self.waits[name] = (url, time.monotonic())
+        if self.live is None:
+            self.say(f"waiting for {name} at {url}")
 
     def ready(self, name: str, seconds: float) -> None:
         self.waits.pop(name, None)
@@ -110,11 +217,24 @@ class ConsoleDisplay:
         self.say(f"{name} exited with code {code}: restarting it ({attempt} of {limit})", style="bold yellow")
 
     def training(self, metrics: Path, total_steps: int) -> None:
-        self.progress = TrainingProgress(metrics, total_steps)
+        self.view = TrainingView(metrics, total_steps)
 
     def tick(self) -> None:
-        if self.progress is not None:
-            self.progress.update()
+        changed = self.view is not None and self.view.update()
+        if self.live is not None:
+            if changed or self.waits:  # the spinner and the seconds waited move on their own
+                self.live.refresh()
+        elif changed and not self.verbose:
+            self._plain_line()
+
+    def _plain_line(self, *, last: bool = False) -> None:
+        """The training view as one line: at a steady cadence when no terminal shows a live one, and once at the
+        end (the live region goes when the run ends)."""
+        view = self.view
+        now = time.monotonic()
+        if view.step > self.plain_step and (last or view.done or now - self.plain_at >= PLAIN_EVERY_S):
+            self.plain_at, self.plain_step = now, view.step
+            self.console.print(Text(f"[grpo] {view.plain()}"), soft_wrap=True)
 
     def stopping(self, presses: int) -> None:
         if presses == 1:
@@ -124,6 +244,9 @@ class ConsoleDisplay:
 
     def finished(self, result: RunResult) -> None:
         self.waits.clear()
+        if self.view is not None:
+            self.view.update()
+            self._plain_line(last=True)
         if result.interrupted:
             self.say("interrupted: stopping every process", style="bold yellow")
         for failure in result.failures:

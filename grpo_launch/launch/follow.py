@@ -16,7 +16,8 @@ from rich.console import Console
 
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.contracts.rundir import JOB_LOG, LOGS_DIR, METRICS_FILE, NODE_FAILURES
-from grpo_launch.launch.display import ConsoleDisplay, LogTail
+from grpo_launch.launch.curves import LogTail
+from grpo_launch.launch.display import ConsoleDisplay
 from grpo_launch.launch.result import EXIT_INTERRUPTED, TAIL_LINES, Failure, RunResult
 
 TICK_S = 0.2

@@ -18,7 +18,7 @@ from rich.console import Console
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.contracts.rundir import LOGS_DIR, NODE_FAILURES
 from grpo_launch.errors import UserError
-from grpo_launch.launch.preflight import check_ports_free
+from grpo_launch.launch.preflight import check_ports_free, check_vllm_installed
 from grpo_launch.launch.result import RunResult
 from grpo_launch.launch.supervisor import stray_launcher_variables, supervise
 
@@ -35,10 +35,12 @@ def check_not_a_worker(environ: dict[str, str]) -> None:
 
 
 def prepare_node(plan: Plan, nodes: Collection[int], console: Console) -> Plan:
-    """The plan as these nodes run it: addresses filled in, refused if started as a worker or a port is busy."""
+    """The plan as these nodes run it: addresses filled in, refused if started as a worker, if vLLM is missing where
+    an engine runs or a port is busy."""
     check_not_a_worker(dict(os.environ))
     resolved = plan.with_addresses(os.environ)
     for node in nodes:
+        check_vllm_installed(resolved, node)
         check_ports_free(resolved, node)
     stray = stray_launcher_variables(os.environ)
     if stray:
@@ -47,9 +49,10 @@ def prepare_node(plan: Plan, nodes: Collection[int], console: Console) -> Plan:
     return resolved
 
 
-def run_nodes(plan: Plan, run_dir: Path, nodes: Collection[int], *, grace_s: float, console: Console) -> RunResult:
+def run_nodes(plan: Plan, run_dir: Path, nodes: Collection[int], *, grace_s: float, console: Console,
+              verbose: bool = False) -> RunResult:
     """Supervise `nodes` of the (prepared) plan; a failure is recorded for a job spanning several machines."""
-    result = supervise(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console)
+    result = supervise(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console, verbose=verbose)
     if result.failures and not result.interrupted:
         first = result.failures[0]
         for node in nodes:

@@ -186,6 +186,13 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def _signal_leader(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -196,7 +203,7 @@ def _group_alive(pgid: int) -> bool:
 
 class Supervisor:
     def __init__(self, plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = 15.0,
-                 console: Console | None = None) -> None:
+                 console: Console | None = None, verbose: bool = False) -> None:
         self.plan = plan
         self.run_dir = run_dir
         self.nodes = set(nodes)
@@ -206,7 +213,7 @@ class Supervisor:
         self.by_name = {c.name: c for c in self.children}
         self.remote = {p.name: p for p in plan.processes if p.node not in self.nodes}  # waited for by URL only
         self.remote_ready: set[str] = set()
-        self.display = ConsoleDisplay(console or Console(highlight=False), [p.name for p in local])
+        self.display = ConsoleDisplay(console or Console(highlight=False), [p.name for p in local], verbose=verbose)
         self.events: asyncio.Queue[Any] = asyncio.Queue()
         self.failures: list[Failure] = []
         self.presses = 0
@@ -416,14 +423,33 @@ class Supervisor:
             await asyncio.sleep(PROGRESS_TICK_S)
 
     # -- stopping -----------------------------------------------------------------------------------------------
+    async def keep_metrics(self) -> None:
+        """Each running process's final counters (its metrics URL, Prometheus text) into logs/<name>.metrics:
+        the engines' own numbers (requests, prefix-cache hits, LoRA adapters) outlive the run."""
+        def fetch(child: Child) -> None:
+            try:
+                with urllib.request.urlopen(child.spec.metrics_url, timeout=3) as response:
+                    (self.run_dir / LOGS_DIR / f"{child.name}.metrics").write_bytes(response.read())
+            except OSError:
+                pass  # a process that cannot answer any more leaves no counters
+
+        await asyncio.gather(*(asyncio.to_thread(fetch, c) for c in self.children
+                               if c.state is State.READY and c.spec.metrics_url))
+
     async def stop_all(self, *, grace_s: float) -> None:
-        """SIGTERM every process group, then SIGKILL what is left after the grace period."""
+        """SIGTERM each process (its leader first, so a server shuts its engine down in order; the rest of its group
+        once the leader has gone), then SIGKILL every group left after the grace period."""
         self.stopping = True
         running = [c for c in self.children if c.running]
         for child in reversed(running):
-            _signal_group(child.process.pid, signal.SIGTERM)
+            _signal_leader(child.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
+        orphaned: set[int] = set()
         while time.monotonic() < deadline and self.presses < 2 and any(_group_alive(g) for g in self.groups):
+            for child in running:
+                if child.exited.done() and child.process.pid not in orphaned:
+                    orphaned.add(child.process.pid)
+                    _signal_group(child.process.pid, signal.SIGTERM)
             await asyncio.sleep(0.1)
         for pgid in self.groups:
             _signal_group(pgid, signal.SIGKILL)
@@ -459,6 +485,7 @@ class Supervisor:
                 await self.run_prepare()
                 if not self.failures:
                     interrupted = not await self._control() and not self.failures
+                await self.keep_metrics()
                 await self.stop_all(grace_s=0 if self.presses >= 2 else self.grace_s)
         finally:
             ticker.cancel()
@@ -478,7 +505,8 @@ class Supervisor:
 
 
 def supervise(plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = 15.0,
-              console: Console | None = None) -> RunResult:
+              console: Console | None = None, verbose: bool = False) -> RunResult:
     """Run the processes of `nodes` (several only when they are all this machine) until the trainers end."""
-    return asyncio.run(Supervisor(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console).run())
+    return asyncio.run(Supervisor(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console,
+                                  verbose=verbose).run())
 

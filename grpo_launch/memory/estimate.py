@@ -15,7 +15,7 @@ from typing import Protocol
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.compose.trl_fields import effective
-from grpo_launch.contracts.memory import GIB, Budget, Component, KvCache, MemoryEstimate, Phase
+from grpo_launch.contracts.memory import GIB, Budget, Component, KvCache, MemoryEstimate, Phase, parameter_count
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.memory import catalog
 from grpo_launch.memory.catalog import ModelShape
@@ -28,6 +28,9 @@ _OVERHEAD = Component("CUDA/NCCL overhead", PROCESS_OVERHEAD_GIB, "fixed per pro
 # Host memory of one process (Python, torch, CUDA libraries, data loading). CPU runs measured 0.5 GiB peak RSS per
 # process (shared/reference/cpu-feasibility.md); CUDA processes map the CUDA libraries too (assumption).
 HOST_PROCESS_GIB = {"cuda": 3.0, "cpu": 1.0}
+# A vLLM engine on a CPU, beside its KV cache (vllm.cpu_kvcache_space_gib): measured here, `vllm serve` of the tiny
+# model (API server and engine core, VLLM_ENABLE_V1_MULTIPROCESSING=0) held 2.15 GiB of RSS.
+VLLM_CPU_ENGINE_GIB = 2.2
 # vLLM's captured CUDA graphs (its log: "Graph capturing finished ... took X GiB"); none with enforce_eager.
 VLLM_CUDA_GRAPHS_GIB = 0.5
 # DeepSpeed stage 1-2 defaults: reduce_bucket_size = allgather_bucket_size = 5e8 elements; with overlap_comm it
@@ -39,10 +42,6 @@ DS_OVERLAP_COMM_FACTOR = 4.5
 
 def _gib(n_bytes: float) -> float:
     return n_bytes / GIB
-
-
-def _billions(n: float) -> str:
-    return f"{n / 1e9:.3g}B" if n >= 1e8 else f"{n / 1e6:.3g}M"
 
 
 @dataclass(frozen=True)
@@ -138,16 +137,17 @@ def _model_states(t: _Trainer) -> list[_Held]:
     sharded = t.stage == 3 or t.fsdp2
     wb = t.weight_bytes
     held = [_Held(Component("weights", _gib(wb * weights / (n if sharded else 1)),
-                            f"{wb} B x {_billions(weights)}" + (f" / {shards}" if sharded else "")),
+                            f"{wb} B x {parameter_count(weights)}" + (f" / {shards}" if sharded else "")),
                   on_host=t.offload_param)]
     what = "LoRA " if t.lora else ""
     if not t.stage:  # DDP (or FSDP2): gradients and torch AdamW moments in the parameters' dtype
         share = n if t.fsdp2 else 1
         held.append(_Held(Component("gradients", _gib(wb * t.trainable / share),
-                                    f"{wb} B x {what}{_billions(t.trainable)}" + (f" / {shards}" if t.fsdp2 else "")),
+                                    f"{wb} B x {what}{parameter_count(t.trainable)}"
+                                    + (f" / {shards}" if t.fsdp2 else "")),
                           persistent=False))
         held.append(_Held(Component("optimizer states", _gib(2 * wb * t.trainable / share),
-                                    f"Adam m, v: 2 x {wb} B x {what}{_billions(t.trainable)}"
+                                    f"Adam m, v: 2 x {wb} B x {what}{parameter_count(t.trainable)}"
                                     + (f" / {shards}" if t.fsdp2 else ""))))
         return held
     # Stage 1 keeps whole half-precision gradients, stage 2 its partition of them; stage 3, and stage 2 with the
@@ -156,20 +156,23 @@ def _model_states(t: _Trainer) -> list[_Held]:
     fp32 = 4 * t.trainable / n if t.half else 0.0
     if half_grads.get(t.stage):
         held.append(_Held(Component("gradients", _gib(half_grads[t.stage]),
-                                    f"{t.ds_bytes} B x {what}{_billions(t.trainable)}"
+                                    f"{t.ds_bytes} B x {what}{parameter_count(t.trainable)}"
                                     + (f" / {shards}" if t.stage == 2 else "")), persistent=False))
     if fp32:
-        held.append(_Held(Component("fp32 gradients", _gib(fp32), f"4 B x {what}{_billions(t.trainable)} / {shards}"),
+        held.append(_Held(Component("fp32 gradients", _gib(fp32),
+                                    f"4 B x {what}{parameter_count(t.trainable)} / {shards}"),
                           on_host=t.offload_optimizer, persistent=t.offload_optimizer))
         held.append(_Held(Component("fp32 master weights", _gib(fp32),
-                                    f"4 B x {what}{_billions(t.trainable)} / {shards}"), on_host=t.offload_optimizer))
+                                    f"4 B x {what}{parameter_count(t.trainable)} / {shards}"),
+                          on_host=t.offload_optimizer))
     held.append(_Held(Component("optimizer states", _gib(8 * t.trainable / n),
-                                f"Adam m, v: 8 B x {what}{_billions(t.trainable)} / {shards}"),
+                                f"Adam m, v: 8 B x {what}{parameter_count(t.trainable)} / {shards}"),
                       on_host=t.offload_optimizer))
     if t.stage == 3:  # DeepSpeed's largest_layer_memory: one module's weights and gradients, gathered whole
         largest = t.shape.largest_layer_parameters
         held.append(_Held(Component("ZeRO-3 gathered layer", _gib(2 * t.ds_bytes * largest),
-                                    f"2 x {t.ds_bytes} B x largest module {_billions(largest)}"), persistent=False))
+                                    f"2 x {t.ds_bytes} B x largest module {parameter_count(largest)}"),
+                          persistent=False))
     return held
 
 
@@ -209,7 +212,7 @@ def _buffers(t: _Trainer) -> list[_Held]:
         held.append(_Held(Component("DeepSpeed buckets", _gib(size), "reduce + prefetch 1.9 x hidden^2")))
     elif t.ranks > 1 and not t.fsdp2:  # torch DDP's buckets hold a second copy of the gradients
         held.append(_Held(Component("DDP gradient buckets", _gib(t.weight_bytes * t.trainable),
-                                    f"{t.weight_bytes} B x {_billions(t.trainable)}")))
+                                    f"{t.weight_bytes} B x {parameter_count(t.trainable)}")))
     elif t.fsdp2:  # the layer being computed and the one prefetched, unsharded
         size = 2 * t.weight_bytes * t.shape.layer_parameters
         held.append(_Held(Component("FSDP2 gathered layers", _gib(size), "2 decoder layers unsharded"),
@@ -217,7 +220,7 @@ def _buffers(t: _Trainer) -> list[_Held]:
     if t.reference:
         sharded = t.stage == 3
         held.append(_Held(Component("reference model", _gib(t.weight_bytes * t.params / (t.ranks if sharded else 1)),
-                                    f"beta > 0: {t.weight_bytes} B x {_billions(t.params)}"
+                                    f"beta > 0: {t.weight_bytes} B x {parameter_count(t.params)}"
                                     + (f" / {t.ranks} ranks" if sharded else "")), on_host=t.offload_param))
     if t.cuda:
         held.append(_Held(_OVERHEAD))
@@ -231,7 +234,7 @@ def _transformers_generation(t: _Trainer) -> list[Component]:
     out = [Component("transformers KV cache", _gib(kv), f"{t.generation_sequences} sequences x {t.seq_len} tokens")]
     if t.stage == 3 and t.gather_for_generation:
         out.append(Component("gathered model (ds3_gather_for_generation)", _gib(t.weight_bytes * t.params),
-                             f"{t.weight_bytes} B x {_billions(t.params)}"))
+                             f"{t.weight_bytes} B x {parameter_count(t.params)}"))
     return out
 
 
@@ -251,7 +254,7 @@ def _vllm_share(config: Config, plan: Plan, shape: ModelShape) -> _VllmShare:
     vb = DTYPE_BYTES[config.model.dtype]
     batched, sequences = v.max_num_batched_tokens, v.max_num_seqs
     weights = _gib(vb * shape.parameters / tp)
-    parts = [Component("vLLM weights", weights, f"{vb} B x {_billions(shape.parameters)} / TP {tp}")]
+    parts = [Component("vLLM weights", weights, f"{vb} B x {parameter_count(shape.parameters)} / TP {tp}")]
     if v.lora is not None:
         lora = v.lora.max_loras * shape.lora_parameters(v.lora.max_lora_rank, config.lora.target_modules)
         parts.append(Component("vLLM LoRA slots", _gib(vb * lora / tp),
@@ -315,10 +318,17 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
         vllm_gpus = sum(len(e.gpus) for e in plan.engines if e.node == node)
         # vLLM in processes of its own (servers, replicas), or inside the trainer ranks (colocated)
         vllm_processes = sum(len(e.gpus) for e in plan.engines if e.node == node and e.process is not None)
-        processes = ranks + vllm_processes
-        if not processes:
+        if not ranks + vllm_processes:
             continue
-        base = Component("processes", processes * per_process, f"{processes} x {per_process:g} GiB")
+        if t.cuda:
+            processes = ranks + vllm_processes
+            base = (Component("processes", processes * per_process, f"{processes} x {per_process:g} GiB"),)
+        else:  # a CPU's vLLM engines live in host memory, whole: the engine and its KV cache
+            engines = sum(1 for e in plan.engines if e.node == node)
+            kv = config.vllm.cpu_kvcache_space_gib
+            base = (Component("processes", ranks * per_process, f"{ranks} x {per_process:g} GiB"),) + ((Component(
+                "vLLM engines", engines * (VLLM_CPU_ENGINE_GIB + kv),
+                f"{engines} x ({VLLM_CPU_ENGINE_GIB:g} GiB + KV cache {kv} GiB)"),) if engines else ())
         if t.cuda:
             train = [Component(f"offloaded {h.component.name}", ranks * h.component.gib,
                                f"{ranks} ranks x {h.component.detail}") for h in holdings if h.on_host]
@@ -331,8 +341,8 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
         # materialises one module at a time and partitions it (DeepSpeed's estimators assume the same).
         built, what = (t.shape.largest_layer_parameters, "largest module") if t.stage == 3 else (t.params, "model")
         load = Component("model loading", _gib(ranks * t.dtype_bytes * built),
-                         f"{ranks} ranks x {t.dtype_bytes} B x {what} {_billions(built)}")
-        phases = (Phase("load", (base, load) if ranks else (base,)), Phase("training", (base, *train)))
+                         f"{ranks} ranks x {t.dtype_bytes} B x {what} {parameter_count(built)}")
+        phases = (Phase("load", (*base, load) if ranks else base), Phase("training", (*base, *train)))
         role = "trainer + vLLM" if ranks and vllm_gpus else "trainer" if ranks else "vLLM"
         groups.setdefault((role, phases), []).append((node,))
     return tuple(Budget(role=role, members=tuple(nodes), capacity_gib=config.cluster.host_memory_gib,

@@ -14,6 +14,7 @@ from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.plan import Engine, Plan, ProcessSpec
 from grpo_launch.contracts.rundir import ACCELERATE_FILE, DEEPSPEED_FILE, LAUNCH_FILE
+from grpo_launch.errors import UserError
 from grpo_launch.memory.estimate import estimate as estimate_memory
 from grpo_launch.plan.checks import builtin_model, check_data, check_env, check_hosts
 from grpo_launch.plan.context import Context
@@ -55,6 +56,14 @@ def _idle_warning(layout: Layout, config: Config) -> list[str]:
 
 
 def build_plan(composed: Composed) -> Plan:
+    """The plan of a composed recipe; a `UserError` about a key says where the key's value came from."""
+    try:
+        return _planned(composed)
+    except UserError as e:
+        raise composed.origins.locate(e, composed.config) from None
+
+
+def _planned(composed: Composed) -> Plan:
     config = composed.config
     check_hosts(config)
     check_env(config)
@@ -72,7 +81,7 @@ def build_plan(composed: Composed) -> Plan:
     world = layout.world_size
 
     args = build_trainer_args(config, placement, result.trainer_args)
-    inputs = build_trainer_inputs(config, placement)
+    inputs = build_trainer_inputs(config, placement, result.weight_sync)
     files: dict = {}
     if config.zero.stage:
         files[DEEPSPEED_FILE] = deepspeed_config(config)
@@ -82,7 +91,8 @@ def build_plan(composed: Composed) -> Plan:
                                                main_ip=ctx.host(layout.trainer_nodes[0]), fsdp2=result.fsdp2)
     batch = placement.batch(args, world, result)
 
-    processes = tuple(result.services) + tuple(trainer_processes(ctx, layout, result.trainer_depends_on))
+    processes = tuple(result.services) + tuple(trainer_processes(ctx, layout, result.trainer_depends_on,
+                                                                 result.trainer_env))
     prepare = prepare_steps(config)
     files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes,
                                        config.env.passthrough)

@@ -24,7 +24,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.memory import GIB
@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 ZERO_CHOICES = ((0, False, False), (1, False, False), (2, False, False), (3, False, False),
                 (1, True, False), (2, True, False), (3, True, False), (3, True, True))
 TP_WEIGHT_SHARE = 0.1  # preferred TP: the smallest bringing vLLM's weights under this share of a GPU
+# The throughput proxy in words, for the views that rank by it.
+PROXY_ORDER = ("more GPUs training, less offload, vLLM awake, ZeRO below 3, larger micro-batches, TP for the model's "
+               "size, room for every sequence, fewer changes")
 # Command-line keys that pin knobs: the advisor keeps what the user chose.
 PINS = {
     "placement": ("placement",), "placement.kind": ("placement",),
@@ -105,12 +108,26 @@ class Knobs:
         return tuple(out)
 
 
+class Throughput(NamedTuple):
+    """The throughput proxy of one layout (the module's docstring), compared field by field: lower is better."""
+
+    fewer_trainer_gpus: int         # minus the trainer ranks
+    offload: int                    # 0 none, 1 optimizer states, 2 optimizer states and parameters
+    vllm_sleeps: bool
+    zero3: bool
+    smaller_micro_batch: int        # minus per_device_train_batch_size
+    tp_off_model_size: float        # |log2(TP / preferred TP)|
+    kv_cache_short: bool            # vLLM cannot hold every sequence it runs at once
+    changes: int                    # overrides from the recipe
+    less_headroom: float            # minus the tightest budget's headroom, GiB
+
+
 @dataclass(frozen=True)
 class Suggestion:
     knobs: Knobs
     overrides: tuple[str, ...]      # empty: the plan as it is
     plan: Plan
-    score: tuple
+    score: Throughput
 
     @property
     def summary(self) -> str:
@@ -155,14 +172,23 @@ def _preferred_tp(config: Config, plan: Plan) -> int:
     return fitting[0] if fitting else options[-1]
 
 
-def _score(knobs: Knobs, plan: Plan, base: Knobs, preferred_tp: int) -> tuple:
+def _score(knobs: Knobs, plan: Plan, base: Knobs, preferred_tp: int) -> Throughput:
     memory = plan.memory
     offload = 2 if knobs.offload_param else 1 if knobs.offload_optimizer else 0
     kv = [b.kv_cache for b in memory.gpus if b.kv_cache]
     kv_short = any(not k.holds_batch for k in kv)
     headroom = min(b.headroom_gib for b in memory.gpus + memory.hosts)
-    return (-plan.world_size, offload, knobs.sleep_level > 0, knobs.stage == 3, -knobs.micro_batch,
-            abs(math.log2(knobs.tp / preferred_tp)), kv_short, len(knobs.changes(base)), -headroom)
+    return Throughput(-plan.world_size, offload, knobs.sleep_level > 0, knobs.stage == 3, -knobs.micro_batch,
+                      abs(math.log2(knobs.tp / preferred_tp)), kv_short, len(knobs.changes(base)), -headroom)
+
+
+def throughput(config: Config, plan: Plan) -> Throughput | None:
+    """The proxy of a plan as it is (no changes from its recipe), or None when its memory is not estimated: how
+    `grpo plan -m` ranks the layouts of a sweep."""
+    if plan.memory is None or not plan.memory.estimated:
+        return None
+    knobs = Knobs.of(config, plan)
+    return _score(knobs, plan, knobs, _preferred_tp(config, plan))
 
 
 def _micro_batches(base: Knobs) -> Iterator[tuple[int, int]]:

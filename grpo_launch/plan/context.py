@@ -48,3 +48,5 @@ class PlacementResult:
     trainer_depends_on: tuple[str, ...]  # services the trainer waits for
     vllm: VllmSettings                   # resolved vLLM settings for the plan view, JSON and memory estimate
     fsdp2: bool = False                  # the trainer shards with FSDP2 (the accelerate config says so)
+    trainer_env: dict[str, str] = field(default_factory=dict)  # what the trainer ranks need besides the base env
+    weight_sync: str = "trl"             # how trained weights reach vLLM (contracts.plan.WEIGHT_SYNCS)

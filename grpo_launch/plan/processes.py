@@ -15,7 +15,8 @@ from grpo_launch.plan.context import Context
 from grpo_launch.plan.layout import Layout
 
 TRAINER_MODULE = "grpo_launch.trainer"
-SERVER_COMMANDS = {"vllm": ("vllm", "serve"), "cpu-smoke": ("python", "-m", "grpo_launch.cpu_server")}
+# vLLM's CPU attention takes KV-cache blocks of a multiple of this many tokens only (`No common block size`).
+CPU_BLOCK_MULTIPLE = 32
 # `vllm serve`'s batch limits by GPU size (vllm/engine/arg_utils.py get_batch_defaults): (max_num_batched_tokens,
 # max_num_seqs) on GPUs of at least LARGE_GPU_GIB, and below.
 SERVE_BATCH_DEFAULTS = {True: (8192, 1024), False: (2048, 256)}
@@ -44,6 +45,8 @@ def base_env(config: Config, gpus: tuple[int, ...]) -> dict[str, str]:
     env = dict(config.env.set)
     # An empty CUDA_VISIBLE_DEVICES hides every GPU: CPU runs (and CPU-side processes) never grab one.
     env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus)) if config.cluster.accelerator == "cuda" else ""
+    if builtin_model(config.model.name_or_path):  # everything is local: nothing may reach for the hub
+        env |= {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     return env
 
 
@@ -61,7 +64,17 @@ def rendezvous_diagnoses(main_ip: str, port: int, timeout_s: float) -> tuple[Dia
     )
 
 
-def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...]) -> list[ProcessSpec]:
+def vllm_env(config: Config) -> dict[str, str]:
+    """What a process running a vLLM engine needs beyond its base environment. On a CPU: the KV cache's size in
+    host memory (gpu_memory_utilization means nothing there) and the engine in the API server's own process
+    (one process less per engine, about 0.5 GiB)."""
+    if config.cluster.accelerator != "cpu":
+        return {}
+    return {"VLLM_CPU_KVCACHE_SPACE": str(config.vllm.cpu_kvcache_space_gib), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...],
+                      extra_env: dict[str, str]) -> list[ProcessSpec]:
     """One launcher per trainer node: accelerate (reading accelerate.yaml) or torchrun. Several nodes rendezvous
     at trainer node 0 within run.rendezvous_timeout_s."""
     config = ctx.config
@@ -84,7 +97,7 @@ def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...])
                     "--master_port", str(port), *rendezvous]
         name = "trainer" if machines == 1 else f"trainer-node{node}"
         out.append(ProcessSpec(name=name, role="trainer", node=node, gpus=layout.trainer_gpus,
-                               argv=tuple(argv) + entry, env=base_env(config, layout.trainer_gpus),
+                               argv=tuple(argv) + entry, env=base_env(config, layout.trainer_gpus) | extra_env,
                                pass_env=tuple(config.env.passthrough), depends_on=depends_on,
                                ranks=layout.ranks_on(node),
                                diagnoses=rendezvous_diagnoses(main_ip, port, timeout) if machines > 1 else ()))
@@ -92,10 +105,10 @@ def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...])
 
 
 def vllm_serve_argv(config: Config, *, bind: str, port: int, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """`vllm serve` with the flags TRL 1.16's trainers need (what `trl vllm-serve` would exec); the CPU smoke
-    engine takes the same flags."""
+    """`vllm serve` with the flags TRL 1.16's trainers need (what `trl vllm-serve` would exec), on GPUs and CPUs
+    alike."""
     v, m = config.vllm, config.model
-    argv = [*SERVER_COMMANDS[v.server], model_path(config), "--host", bind, "--port", str(port),
+    argv = ["vllm", "serve", model_path(config), "--host", bind, "--port", str(port),
             "--tensor-parallel-size", str(v.tensor_parallel_size),
             "--gpu-memory-utilization", str(v.gpu_memory_utilization), "--dtype", m.dtype]
     if m.revision is not None:
@@ -108,9 +121,17 @@ def vllm_serve_argv(config: Config, *, bind: str, port: int, extra: tuple[str, .
         argv += ["--enforce-eager"]
     if m.trust_remote_code:
         argv += ["--trust-remote-code"]
-    argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"}),
-             "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1"]
+    if config.cluster.accelerator == "cuda":  # TRL's weight sync; on a CPU weights are reloaded from files
+        argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    argv += ["--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1"]
     return tuple(argv) + extra + tuple(v.extra_args)
+
+
+def check_cpu_block_size(config: Config) -> None:
+    if config.cluster.accelerator == "cpu" and config.vllm.block_size % CPU_BLOCK_MULTIPLE:
+        raise UserError(f"vllm.block_size={config.vllm.block_size}: vLLM's CPU attention takes KV-cache blocks of a "
+                        f"multiple of {CPU_BLOCK_MULTIPLE} tokens only, and the engine would not start",
+                        key="vllm.block_size", hint=f"set vllm.block_size={CPU_BLOCK_MULTIPLE} (cluster=cpu's default)")
 
 
 def serve_batch_limits(config: Config) -> tuple[int, int]:
@@ -118,16 +139,12 @@ def serve_batch_limits(config: Config) -> tuple[int, int]:
     return SERVE_BATCH_DEFAULTS[config.cluster.gpu_memory_gib >= LARGE_GPU_GIB]
 
 
-def require_servers(config: Config, placement: str, cpu_hint: str = "") -> None:
-    """A placement that generates with servers needs them enabled, and vLLM itself needs GPUs."""
+def require_servers(config: Config, placement: str) -> None:
+    """A placement that generates with servers needs them enabled, and has no sleep mode."""
     if not config.vllm.enabled:
         raise UserError(f"placement {placement} generates with vLLM servers but vllm.enabled=false",
                         key="vllm.enabled", hint="set vllm.enabled=true, or use placement=colocate to generate "
                                                  "with transformers inside the trainer")
-    if config.cluster.accelerator == "cpu" and config.vllm.server == "vllm":
-        hint = "pick a GPU cluster (cluster=1x8-h100-80gb), or placement=colocate with vllm.enabled=false on CPU"
-        raise UserError(f"placement {placement} runs vLLM servers, which need GPUs (cluster.accelerator=cpu)",
-                        key="cluster.accelerator", hint=hint + cpu_hint)
     if config.vllm.sleep_level:
         raise UserError(f"vllm.sleep_level={config.vllm.sleep_level} only applies to placement=colocate: a "
                         f"server keeps its own GPUs", key="vllm.sleep_level", hint="set vllm.sleep_level=0")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -35,9 +36,11 @@ class Replica:
 
 class Fleet:
     def __init__(self, urls: tuple[str, ...], upstream: Upstream, router: PrefixRouter, *,
-                 health_interval_s: float, health_timeout_s: float) -> None:
+                 health_interval_s: float, health_timeout_s: float,
+                 on_readmit: Callable[[Replica], Awaitable[None]] | None = None) -> None:
         self.replicas = [Replica(i, url.rstrip("/")) for i, url in enumerate(urls)]
         self.upstream = upstream
+        self.on_readmit = on_readmit
         self.router = router
         self.health_interval_s = health_interval_s
         self._probe_timeout = aiohttp.ClientTimeout(total=health_timeout_s)
@@ -99,6 +102,8 @@ class Fleet:
                 await self._catch_up(replica)
                 replica.healthy = True
             log.info("replica %s is in routing", replica.url)
+            if self.on_readmit is not None:
+                await self.on_readmit(replica)
         except (aiohttp.ClientError, TimeoutError, ValueError, CatchUpError) as e:
             log.warning("replica %s answers /health but stays out of routing: %s", replica.url, e)
         finally:

@@ -17,8 +17,8 @@ from aiohttp import web
 
 from grpo_launch.errors import UserError
 from grpo_launch.proxy import broadcast
-from grpo_launch.proxy.config import ProxyConfig
-from grpo_launch.proxy.fleet import Fleet
+from grpo_launch.proxy.config import ProxyConfig, tokenizer_file
+from grpo_launch.proxy.fleet import Fleet, Replica
 from grpo_launch.proxy.metrics import ProxyStats
 from grpo_launch.proxy.prompts import LazyTokenizer, prompt_of
 from grpo_launch.proxy.router import BlockHash, PrefixRouter, block_hashes
@@ -30,6 +30,8 @@ ROUTED = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 # NCCL weight sync would reach one replica and leave the others on old weights; TRL syncs adapters instead.
 FULL_WEIGHT_SYNC = ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
                     "/finish_weight_update")
+# Digits, spaces and punctuation: where hand-made and rebuilt tokenizers part (one drops the spaces).
+TOKENIZER_PROBE = "Check 12 + 7 = 19, then 3 + 4 = 7."
 MAX_BODY = 64 * 1024 * 1024  # batched or long prompts; aiohttp's default 1 MiB would answer 413
 SHUTDOWN_S = 1.0
 
@@ -43,7 +45,7 @@ class Proxy:
                                  connect_timeout_s=config.connect_timeout_s,
                                  request_timeout_s=config.request_timeout_s)
         self.fleet = Fleet(config.replicas, self.upstream, self.router, health_interval_s=config.health_interval_s,
-                           health_timeout_s=config.health_timeout_s)
+                           health_timeout_s=config.health_timeout_s, on_readmit=self._check_tokenizer)
         self.tokenizer = LazyTokenizer(config.tokenizer)
         self.stats = ProxyStats()
 
@@ -73,6 +75,31 @@ class Proxy:
         await asyncio.gather(watcher, return_exceptions=True)
         await self.fleet.stop()
         await self.upstream.close()
+
+    async def _check_tokenizer(self, replica: Replica) -> None:
+        """Text prompts are routed by this proxy's tokens: they must be the replica's own, or every prefix hash
+        misses. Compare a probe with the replica's /tokenize; a mismatch is logged with both, and counted. Only a
+        local tokenizer is loaded for it: a hub one loads when the first text prompt needs it."""
+        if self.config.tokenizer is None or tokenizer_file(self.config.tokenizer) is None:
+            return
+        ours = await self.tokenizer.encode(TOKENIZER_PROBE)
+        if ours is None:
+            return
+        body = json.dumps({"prompt": TOKENIZER_PROBE, "add_special_tokens": False}).encode()
+        try:
+            reply = await self.upstream.call(replica.url, "POST", "/tokenize", body=body,
+                                             headers=self.upstream.headers({"Content-Type": "application/json"}))
+            theirs = json.loads(reply.body).get("tokens") if reply.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            theirs = None
+        if theirs is None:
+            log.info("replica %s has no /tokenize: the proxy's tokenizer is not checked against it", replica.url)
+        elif theirs == ours:
+            log.info("tokenizer agrees with replica %s on a %d-token probe", replica.url, len(ours))
+        else:
+            self.stats.errors["tokenizer_mismatch"] += 1
+            log.warning("tokenizer disagrees with replica %s: %s here, %s there; text prompts will miss their "
+                        "prefixes (give --tokenizer the replicas' own tokenizer)", replica.url, ours, theirs)
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler) -> web.StreamResponse:

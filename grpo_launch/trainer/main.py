@@ -89,7 +89,18 @@ def train_grpo(plan: Plan, dataset, rewards) -> None:
 
     if plan.accelerator == "cpu":
         _allow_indexed_cpu_locations()
-    run_trainer(GRPOTrainer(args=GRPOConfig(**plan.trainer_args), **_common(plan, dataset, rewards)))
+    args = GRPOConfig(**plan.trainer_args)
+    reload = plan.trainer_inputs.weight_sync == "reload"
+    if reload:
+        from grpo_launch.trainer.vllm_sync import use_reload_sync
+
+        use_reload_sync(engine_dtype=(args.model_init_kwargs or {}).get("dtype"))
+    trainer = GRPOTrainer(args=args, **_common(plan, dataset, rewards))
+    run_trainer(trainer)
+    if reload:
+        from grpo_launch.trainer.vllm_sync import check_engine_follows
+
+        check_engine_follows(trainer, [row["prompt"] for row in dataset.select(range(3))])
 
 
 def train_async_grpo(plan: Plan, dataset, rewards) -> None:

@@ -1,5 +1,10 @@
 """The built-in tiny model (model.name_or_path=builtin:tiny): a random Qwen2-shaped model and a character-level
 tokenizer, made offline in about a second, saved like any hub checkpoint so every tool loads it from its directory.
+
+The tokenizer is one token per character, written as Qwen2's byte-level tokenizer pipeline (NFC, Qwen2's split
+pattern, byte-level symbols: a space is "Ġ"). transformers 5 loads any qwen2 checkpoint's tokenizer as
+Qwen2Tokenizer and rebuilds exactly that pipeline; a plain character vocabulary would then lose every space. So
+transformers, vLLM and the routing proxy (which reads tokenizer.json with `tokenizers`) give the same token ids.
 """
 
 from __future__ import annotations
@@ -10,18 +15,28 @@ from typing import Any
 
 from grpo_launch.contracts import tiny
 
+# Qwen2Tokenizer's split pattern (transformers/models/qwen2/tokenization_qwen2.py), which it applies before the
+# byte-level mapping.
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+               r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+
 
 def build(out_dir: str | Path, shape: dict[str, Any], seed: int = 0) -> dict[str, Any]:
     """Write config, weights and tokenizer to `out_dir`; returns a summary (parameters, vocabulary size)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
-    vocab = {token: i for i, token in enumerate(tiny.VOCABULARY)}
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    symbol = {c: byte_level.pre_tokenize_str(c)[0][0] for c in tiny.CHARACTERS}
+    vocab = {symbol.get(token, token): i for i, token in enumerate(tiny.VOCABULARY)}  # ids as contracts.tiny says
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))  # BPE without merges: one char, one id
+    core.normalizer = normalizers.NFC()
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False), byte_level])
+    core.decoder = decoders.ByteLevel()
     core.add_special_tokens(list(tiny.SPECIAL_TOKENS))
-    core.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>",
                                         bos_token="<bos>", unk_token="<unk>", padding_side="left")
     tokenizer.chat_template = tiny.CHAT_TEMPLATE

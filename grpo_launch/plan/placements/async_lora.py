@@ -20,7 +20,15 @@ from grpo_launch.memory.estimate import Workload
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import dedicated_layout
 from grpo_launch.plan.placements.base import Placement
-from grpo_launch.plan.processes import base_env, model_path, require_servers, serve_batch_limits, vllm_serve_argv
+from grpo_launch.plan.processes import (
+    base_env,
+    check_cpu_block_size,
+    model_path,
+    require_servers,
+    serve_batch_limits,
+    vllm_env,
+    vllm_serve_argv,
+)
 
 DEFAULT_REPLICAS = 2
 # AsyncGRPOTrainer always runs TRL's tree attention; this picks its kernel (grpo_launch.trainer.tree_attention).
@@ -82,11 +90,13 @@ class AsyncLora(Placement):
     engine_label = "replica"
     utilization_choices = (0.8, 0.9)  # the GPUs are the replicas' alone
     chat_prompts = True  # TRL's rollout worker renders every prompt through the chat template
+    cpu_trainer_ranks = 1  # on a CPU the trainer is TRL's async pieces in one process (trainer.async_cpu)
 
     def plan(self, ctx: Context) -> PlacementResult:
         config = ctx.config
         v = config.vllm
-        require_servers(config, self.name, cpu_hint=", or vllm.server=cpu-smoke (the CPU smoke-test engine)")
+        require_servers(config, self.name)
+        check_cpu_block_size(config)
         _check(config)
         staleness = trl_fields.effective(config.trainer, self.trainer_class, "max_staleness")
         max_loras = v.max_loras if v.max_loras is not None else staleness + 2
@@ -97,6 +107,12 @@ class AsyncLora(Placement):
         slots = LoraSlots(max_loras=max_loras, max_lora_rank=_lora_rank_slot(config))
         replicas = v.data_parallel_size or DEFAULT_REPLICAS
         layout = dedicated_layout(config, engines=replicas, gpus_per_engine=v.tensor_parallel_size)
+        if config.cluster.accelerator == "cpu" and layout.world_size != self.cpu_trainer_ranks:
+            raise UserError(f"async-lora on a CPU trains in {self.cpu_trainer_ranks} process (TRL's async pieces; "
+                            f"AsyncGRPOTrainer needs CUDA), but the layout gives the trainer {layout.world_size} "
+                            f"ranks", key="cluster.gpus_per_node",
+                            hint=f"give the trainer one slot: cluster.gpus_per_node = replicas + 1 "
+                                 f"({replicas + 1})")
         lora_flags = ("--enable-lora", "--max-loras", str(slots.max_loras), "--max-lora-rank",
                       str(slots.max_lora_rank), "--served-model-name", model_path(config), "--block-size",
                       str(v.block_size))
@@ -105,13 +121,15 @@ class AsyncLora(Placement):
             name = f"vllm-{i}"
             port = ctx.ports.next_free(node, v.port, f"vLLM replica {i}", "vllm.port")
             url = f"http://{ctx.host(node)}:{port}"
-            env = base_env(config, gpus) | {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+            env = base_env(config, gpus) | vllm_env(config) | {"VLLM_SERVER_DEV_MODE": "1",
+                                                               "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
             services.append(ProcessSpec(
                 name=name, role="vllm", node=node, gpus=gpus,
                 argv=vllm_serve_argv(config, bind=ctx.bind_address(), port=port, extra=lora_flags),
                 env=env, pass_env=tuple(config.env.passthrough), port=port, ready_url=f"{url}/health",
                 ready_timeout_s=v.health_timeout_s, start_delay_s=v.stagger_s if i else 0.0,
-                restart=Restart(max_restarts=v.max_restarts) if v.max_restarts else None))
+                restart=Restart(max_restarts=v.max_restarts) if v.max_restarts else None,
+                metrics_url=f"{url}/metrics"))
             engines.append(Engine(index=i, node=node, gpus=gpus, process=name, url=url))
 
         proxy, proxy_url = self._proxy(ctx, layout.trainer_nodes[0], engines)
@@ -123,10 +141,9 @@ class AsyncLora(Placement):
             ctx.warnings.append(f"replicas on node(s) {remote} load adapters from {adapter_dir} written on node "
                                 f"{proxy.node}: set trainer.output_dir to an absolute path on storage every node "
                                 f"mounts at the same place")
-        engine = "vllm serve" if v.server == "vllm" else "CPU smoke-test engine (not vLLM)"
         batched, seqs = serve_batch_limits(config)
         settings = VllmSettings(
-            enabled=True, engine=f"{engine}, one per replica", tensor_parallel_size=v.tensor_parallel_size,
+            enabled=True, engine="vllm serve, one per replica", tensor_parallel_size=v.tensor_parallel_size,
             data_parallel_size=replicas, gpu_memory_utilization=v.gpu_memory_utilization,
             max_model_len=v.max_model_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
             block_size=v.block_size, lora=slots, proxy_url=proxy_url, adapter_dir=adapter_dir,
@@ -156,7 +173,7 @@ class AsyncLora(Placement):
         spec = ProcessSpec(name="proxy", role="proxy", node=node, gpus=(), argv=tuple(argv),
                            env=base_env(config, ()), pass_env=tuple(dict.fromkeys([*config.env.passthrough, *secrets])),
                            port=port, ready_url=f"{url}/health", ready_timeout_s=PROXY_READY_TIMEOUT_S,
-                           depends_on=tuple(e.process for e in engines))
+                           depends_on=tuple(e.process for e in engines), metrics_url=f"{url}/metrics")
         return spec, url
 
     def batch(self, args: dict[str, Any], world: int, result: PlacementResult) -> dict[str, Any]:

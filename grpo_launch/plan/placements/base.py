@@ -21,6 +21,7 @@ class Placement(ABC):
     utilization_choices: ClassVar[tuple[float, ...]]  # vllm.gpu_memory_utilization values the advisor tries
     sleep_levels: ClassVar[tuple[int, ...]] = (0,)  # vllm.sleep_level values it can run with
     chat_prompts: ClassVar[bool] = False            # its trainer takes prompts as chat messages only
+    cpu_trainer_ranks: ClassVar[int | None] = None  # how many trainer ranks its trainer takes on a CPU (None: any)
 
     @abstractmethod
     def plan(self, ctx: Context) -> PlacementResult:

@@ -14,6 +14,7 @@ from grpo_launch.errors import UserError
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import shared_layout
 from grpo_launch.plan.placements.base import Placement
+from grpo_launch.plan.processes import vllm_env
 
 # TRL builds the colocated engine with LLM(max_num_batched_tokens=4096) (trl/generation/vllm_generation.py).
 TRL_BATCHED_TOKENS = 4096
@@ -39,9 +40,11 @@ class Colocate(Placement):
             return PlacementResult(layout=layout, engines=[], services=[], trainer_args={"use_vllm": False},
                                    trainer_depends_on=(),
                                    vllm=VllmSettings(enabled=False, engine="transformers (in-process)"))
-        if config.cluster.accelerator == "cpu":
-            raise UserError("vLLM needs GPUs but cluster.accelerator=cpu", key="vllm.enabled",
-                            hint="set vllm.enabled=false: the trainer then generates with transformers")
+        cpu = config.cluster.accelerator == "cpu"
+        if cpu and v.sleep_level:
+            raise UserError(f"vllm.sleep_level={v.sleep_level}: vLLM has no sleep mode on a CPU (only on CUDA, ROCm "
+                            f"and XPU), so it could not free its memory while the trainer steps",
+                            key="vllm.sleep_level", hint="set vllm.sleep_level=0 on cluster.accelerator=cpu")
         tp = v.tensor_parallel_size
         if per_node % tp:
             divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
@@ -80,8 +83,11 @@ class Colocate(Placement):
                                 tensor_parallel_size=tp, data_parallel_size=engines_count,
                                 sleep_level=v.sleep_level, gpu_memory_utilization=v.gpu_memory_utilization,
                                 max_model_len=v.max_model_len, max_num_batched_tokens=TRL_BATCHED_TOKENS)
+        # The engine lives in each trainer rank, so the ranks take vLLM's environment; on a CPU TRL's direct weight
+        # load cannot work (vLLM repacks CPU linear weights), so the engine reloads the weights from files.
         return PlacementResult(layout=layout, engines=engines, services=[], trainer_args=args,
-                               trainer_depends_on=(), vllm=settings)
+                               trainer_depends_on=(), vllm=settings, trainer_env=vllm_env(config),
+                               weight_sync="reload" if cpu else "trl")
 
     def sized_vllm(self, result: PlacementResult, batch: dict[str, Any]) -> VllmSettings:
         """TRL sizes each colocated engine for its TP group's share of one generation round."""

@@ -2,7 +2,8 @@
 
 TRL 1.16's server mode talks to exactly one server (one base URL; weight sync over NCCL), so the server is one
 process with tensor parallelism, never several replicas. It goes on the last GPUs of the last node; trainer
-rank 0 hosts the NCCL rendezvous on `vllm.group_port`, which must be free on its host.
+rank 0 hosts the NCCL rendezvous on `vllm.group_port`, which must be free on its host. On a CPU there is no NCCL:
+the trainer writes its weights into the run directory and the server reloads them (weight_sync "reload").
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from grpo_launch.errors import UserError
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import dedicated_layout
 from grpo_launch.plan.placements.base import Placement
-from grpo_launch.plan.processes import base_env, require_servers, serve_batch_limits, vllm_serve_argv
+from grpo_launch.plan.processes import base_env, require_servers, serve_batch_limits, vllm_env, vllm_serve_argv
 
 
 class Server(Placement):
@@ -26,10 +27,6 @@ class Server(Placement):
         config = ctx.config
         v = config.vllm
         require_servers(config, self.name)
-        if v.server != "vllm":
-            raise UserError(f"vllm.server={v.server} cannot take the NCCL weight updates of placement=server",
-                            key="vllm.server", hint="use vllm.server=vllm, or placement=async-lora (adapters "
-                                                    "travel as files)")
         if v.data_parallel_size not in (None, 1):
             raise UserError(f"vllm.data_parallel_size={v.data_parallel_size}: TRL 1.16's server mode talks to one "
                             f"server, and vLLM's --data-parallel-size does not take NCCL weight updates for dense "
@@ -40,18 +37,23 @@ class Server(Placement):
         node, gpus = layout.engine_gpus[0]
         port = ctx.ports.next_free(node, v.port, "the vLLM server", "vllm.port")
         url = f"http://{ctx.host(node)}:{port}"
-        env = base_env(config, gpus) | {"VLLM_SERVER_DEV_MODE": "1"}  # weight-transfer endpoints are dev-mode only
+        # Weight transfer (NCCL) and weight reload (/collective_rpc) endpoints are dev-mode only.
+        env = base_env(config, gpus) | vllm_env(config) | {"VLLM_SERVER_DEV_MODE": "1"}
         server = ProcessSpec(name="vllm", role="vllm", node=node, gpus=gpus,
                              argv=vllm_serve_argv(config, bind=ctx.bind_address(), port=port),
                              env=env, pass_env=tuple(config.env.passthrough), port=port, ready_url=f"{url}/health",
-                             ready_timeout_s=v.health_timeout_s)
+                             ready_timeout_s=v.health_timeout_s, metrics_url=f"{url}/metrics")
+        args = {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": url}
+        cuda = config.cluster.accelerator == "cuda"
         group_port = ctx.ports.claim(layout.trainer_nodes[0], v.group_port, "the NCCL weight-sync rendezvous",
-                                     "vllm.group_port")
-        args = {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": url, "vllm_group_port": group_port}
+                                     "vllm.group_port") if cuda else None
+        if cuda:
+            args["vllm_group_port"] = group_port
         batched, seqs = serve_batch_limits(config)
         settings = VllmSettings(enabled=True, engine="vllm serve", tensor_parallel_size=v.tensor_parallel_size,
                                 data_parallel_size=1, gpu_memory_utilization=v.gpu_memory_utilization,
                                 max_model_len=v.max_model_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
                                 url=url, group_port=group_port)
         return PlacementResult(layout=layout, engines=[Engine(0, node, gpus, process="vllm", url=url)],
-                               services=[server], trainer_args=args, trainer_depends_on=("vllm",), vllm=settings)
+                               services=[server], trainer_args=args, trainer_depends_on=("vllm",), vllm=settings,
+                               weight_sync="trl" if cuda else "reload")

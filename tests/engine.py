@@ -1,0 +1,46 @@
+"""Reading what a real vLLM engine says about itself: its /metrics (Prometheus text, kept by the supervisor in
+logs/<process>.metrics when a run stops) and its log."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of metric `name`: (labels, value)."""
+    out = []
+    for line in text.splitlines():
+        found = SAMPLE.match(line)
+        if found and found.group("name") == name:
+            out.append((dict(LABEL.findall(found.group("labels") or "")), float(found.group("value"))))
+    return out
+
+
+def total(text: str, name: str) -> float:
+    return sum(value for _, value in samples(text, name))
+
+
+def final_metrics(run_dir: Path, process: str) -> str:
+    return (run_dir / "logs" / f"{process}.metrics").read_text()
+
+
+def adapters_run(text: str) -> set[str]:
+    """The LoRA adapters the engine ran requests with: vLLM's lora_requests_info keeps a series per adapter set."""
+    return {labels["running_lora_adapters"] for labels, _ in samples(text, "vllm:lora_requests_info")} - {""}
+
+
+def adapters_loaded(log: str) -> list[str]:
+    return re.findall(r"Loaded new LoRA adapter: name '([^']+)'", log)
+
+
+def adapters_removed(log: str) -> list[str]:
+    return re.findall(r"Removed LoRA adapter: name '([^']+)'", log)
+
+
+def metrics_records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
