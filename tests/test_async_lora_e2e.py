@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,25 +57,46 @@ def test_adapter_versions_flow_through_the_proxy_to_both_replicas(tmp_path):
 
 def test_a_replica_killed_mid_run_is_restarted_and_taken_back(tmp_path):
     """Replicas behind the proxy are replaceable: kill one after the first step; the supervisor restarts it, the
-    proxy takes it back with the current adapter, no request is lost and the run finishes."""
+    proxy takes it back with the current adapter, no request is lost and the run finishes.
+
+    The trainer is paused (SIGSTOP) from the kill until the proxy has the replica back in routing: a vLLM restart
+    takes 20-45 s here, longer than the remaining steps on a fast machine, and the restarted replica must have steps
+    left to serve (CI once finished all 30 steps before it was back)."""
     steps = 30
     cmd = [sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
            "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}", f"trainer.max_steps={steps}"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "COLUMNS": "200"})
-    seen, pid = [], None
-    for line in proc.stdout:  # the supervisor's own lines: act on events, not on guessed delays
-        seen.append(line)
-        if found := re.search(r"started vllm-1 \(pid (\d+)", line):
-            pid = int(found.group(1))
-        if pid and '"step": 1,' in line:
-            os.killpg(pid, signal.SIGKILL)
-            break
-    out = "".join(seen) + proc.communicate(timeout=900)[0]
+    seen, pids, paused = [], {}, False
+    try:
+        for line in proc.stdout:  # the supervisor's own lines: act on events, not on guessed delays
+            seen.append(line)
+            if found := re.search(r"started (\S+) \(pid (\d+)", line):
+                pids[found.group(1)] = int(found.group(2))
+            if not paused and '"step": 1,' in line:
+                os.killpg(pids["trainer"], signal.SIGSTOP)
+                os.killpg(pids["vllm-1"], signal.SIGKILL)
+                paused = True
+            if paused and "vllm-1 is ready" in line:
+                break
+        # The proxy readmits on its own health probe, after loading the current adapters: wait for its third "in
+        # routing" line (both replicas at the start, then vllm-1 again).
+        (run_dir,) = (tmp_path / "runs" / "tiny-cpu-async-lora").iterdir()
+        proxy_log = run_dir / "logs" / "proxy.log"
+        deadline = time.monotonic() + 120
+        while proxy_log.read_text().count("is in routing") < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.killpg(pids["trainer"], signal.SIGCONT)
+        out = "".join(seen) + proc.communicate(timeout=900)[0]
+    finally:  # a failing assertion above must not leave the run behind (stopped, it would hold its ports)
+        if proc.poll() is None:
+            if "trainer" in pids:
+                os.killpg(pids["trainer"], signal.SIGCONT)
+            proc.terminate()
+            proc.wait(60)
     assert proc.returncode == 0, out[-4000:]
     assert "vllm-1 exited with code 137: restarting it (1 of 3)" in out
     assert out.count("vllm-1 is ready") == 2
-    run_dir = Path(re.search(r"run directory: (\S+)", out).group(1))
     second_life = (run_dir / "logs" / "vllm-1.log").read_text().split("non-default args")[-1]
     assert adapters_loaded(second_life), "the proxy did not load the current adapter on the restarted replica"
     # The restarted replica served again (its counters start anew), and every request was answered.

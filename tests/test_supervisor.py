@@ -89,6 +89,41 @@ def test_server_first_then_trainer_then_teardown(tmp_path):
     assert_all_dead(recorded_pids(pids))  # the server (and its child) stopped once the trainer finished
 
 
+class ClosedPipe(io.StringIO):
+    """A console stream whose reader went away (`grpo run | head -3`): every write after the first raises."""
+
+    def write(self, text: str) -> int:
+        if self.tell():
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(text)
+
+
+def test_a_closed_console_neither_stops_the_run_nor_orphans_it(tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    plan = server_plan(tmp_path, ["--ready-after", "0.5", "--pid-dir", str(pids)],
+                       ["--run-for", "0.5", "--pid-dir", str(pids)])
+    result = supervise(Plan.from_json(plan), tmp_path, grace_s=3, console=Console(file=ClosedPipe(), width=200))
+    assert result.code == 0 and result.failures == ()
+    assert "server health 200 at trainer start" in (tmp_path / "logs" / "trainer.log").read_text()
+    assert_all_dead(recorded_pids(pids))
+
+
+def test_a_bug_in_the_supervisor_still_stops_every_process(tmp_path, monkeypatch):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    plan = server_plan(tmp_path, ["--ready-after", "0.5", "--pid-dir", str(pids)],
+                       ["--run-for", "60", "--pid-dir", str(pids)])
+
+    def broken(self, name, seconds):
+        raise RuntimeError("a bug while showing readiness")
+
+    monkeypatch.setattr("grpo_launch.launch.display.ConsoleDisplay.ready", broken)
+    with pytest.raises(RuntimeError, match="a bug while showing readiness"):
+        run(plan, tmp_path)
+    assert_all_dead(recorded_pids(pids))
+
+
 def test_process_dying_at_start(tmp_path):
     plan = server_plan(tmp_path, ["--die-after", "0", "--code", "7"], [])
     result, out = run(plan, tmp_path)

@@ -155,8 +155,36 @@ class TrainingView:
         return grid
 
 
+class _Closable:
+    """The console's stream, which may close under a running job (`grpo run ... | head`, a terminal gone): from the
+    first write that finds it closed, output is dropped. The run goes on; its logs are in the run directory."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.closed = False
+
+    def write(self, text: str) -> int:
+        if not self.closed:
+            try:
+                self.stream.write(text)
+            except (BrokenPipeError, ValueError):  # ValueError: written after the stream object was closed
+                self.closed = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed:
+            try:
+                self.stream.flush()
+            except (BrokenPipeError, ValueError):
+                self.closed = True
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
 class ConsoleDisplay:
     def __init__(self, console: Console, names: list[str], *, verbose: bool = False) -> None:
+        console.file = _Closable(console.file)
         self.console = console
         self.verbose = verbose
         self.terminal = console.is_terminal

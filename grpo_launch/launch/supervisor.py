@@ -488,6 +488,8 @@ class Supervisor:
                 await self.keep_metrics()
                 await self.stop_all(grace_s=0 if self.presses >= 2 else self.grace_s)
         finally:
+            if not self.stopping:  # a bug of ours raised: no process outlives the supervisor
+                await self.stop_all(grace_s=self.grace_s)
             ticker.cancel()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
