@@ -62,7 +62,7 @@ def test_a_replica_killed_mid_run_is_restarted_and_taken_back(tmp_path):
     The trainer is paused (SIGSTOP) from the kill until the proxy has the replica back in routing: a vLLM restart
     takes 20-45 s here, longer than the remaining steps on a fast machine, and the restarted replica must have steps
     left to serve (CI once finished all 30 steps before it was back)."""
-    steps = 30
+    steps = 12
     cmd = [sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
            "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}", f"trainer.max_steps={steps}"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

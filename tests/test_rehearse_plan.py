@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from grpo_launch.compose import compose
+from grpo_launch.compose import anchored, compose
 from grpo_launch.plan import build_plan
 from grpo_launch.plan.rehearse import COULD_NOT, KEPT, SHRUNK, STAND_IN_DATA, derive, processes_feature
 
@@ -82,3 +82,30 @@ def test_a_reachable_hub_dataset_is_loaded_for_real():
     _, plan, features, rehearsal = rehearse("qwen7b-server", hub=None)
     assert plan.trainer_inputs.data.path == "sail/Sanity-Test-R1D-1.5B" and plan.trainer_inputs.data.max_samples
     assert features["data"].status == SHRUNK and rehearsal.files == {}
+
+
+def test_paths_are_anchored_where_grpo_runs(tmp_path):
+    composed = compose(["data.source=files", "data.path=prompts/*.jsonl"])
+    assert anchored(composed, tmp_path).config.data.path == f"{tmp_path}/prompts/*.jsonl"
+    absolute = compose(["data.source=files", "data.path=/data/p.jsonl"])
+    assert anchored(absolute, tmp_path) is absolute
+    assert anchored(compose([]), tmp_path).config.data.path == "sevens"  # built-in data is no path
+
+
+def test_a_rehearsal_keeps_its_files_and_caches_in_its_run_directory():
+    _, plan, features, _ = rehearse("qwen72b-colocate", "trainer.output_dir=/shared/ckpt")
+    assert plan.trainer_args["output_dir"] == "checkpoints" and features["output_dir"].real == "/shared/ckpt"
+    env = plan.processes[0].env
+    assert env["HF_HOME"] == "cache/huggingface" and env["VLLM_CACHE_ROOT"] == "cache/vllm"  # relative: the run dir
+    composed = compose(["recipe=qwen72b-colocate"])
+    kept = derive(composed.config, build_plan(composed), host_memory_gib=24.0, hub=None,
+                  environment=("TORCH_EXTENSIONS_DIR",))
+    assert "TORCH_EXTENSIONS_DIR" not in kept.config.env.set  # the caller's own choice stays where it points
+
+
+def test_a_scheduler_that_cannot_run_here_is_rehearsed_locally():
+    _, plan, features, _ = rehearse("qwen72b-server", "scheduler=slurm")
+    assert plan.scheduler.kind == "local" and features["scheduler"].status == COULD_NOT
+    composed = compose(["recipe=qwen72b-server", "scheduler=slurm"])
+    kept = derive(composed.config, build_plan(composed), host_memory_gib=24.0, hub=None, schedulers=("local", "slurm"))
+    assert kept.config.scheduler.kind == "slurm" and kept.config.cluster.hosts == []

@@ -81,26 +81,6 @@ def test_tiny_cpu_server_with_vllm_on_one_node_and_the_trainer_on_another(slurm,
     assert_no_job_process_left(slurm)
 
 
-def test_nodes_that_only_serve_are_a_step_stopped_when_training_ends(slurm, tmp_path):
-    """tiny-cpu-async-lora on 2 nodes: its replica (a real vLLM engine, vLLM's CPU build) is the serving step on node 1;
-    the proxy on node 0 waits for its /health across nodes and the trainer for the proxy's; once training ends the
-    batch script ends and Slurm stops the serving step, whose supervisor stops the replica. (One trainer rank: the
-    CPU stand-in loop for AsyncGRPOTrainer runs in one process.)"""
-    result, run_dir = slurm_run(slurm, tmp_path, "recipe=tiny-cpu-async-lora", "cluster.nodes=2",
-                                "cluster.gpus_per_node=1", "vllm.data_parallel_size=1", "trainer.max_steps=2")
-    out = result.stdout
-    assert result.returncode == 0, out[-4000:] + result.stderr[-2000:]
-    assert "# services: node 1 (vllm-0)" in (run_dir / "job.sbatch").read_text()
-    trainer_node = (run_dir / "logs" / "step-trainer-0.out").read_text()
-    assert trainer_node.index("vllm-0 is ready") < trainer_node.index("started proxy")
-    assert trainer_node.index("proxy is ready") < trainer_node.index("started trainer")
-    serving_node = (run_dir / "logs" / "step-services-0.out").read_text()
-    assert "started vllm-0" in serving_node and "interrupted: stopping every process" in serving_node
-    assert curves.read_metrics(run_dir)[-1]["step"] == 2
-    assert f"Slurm job {job_id(out)}: COMPLETED" in out
-    assert_no_job_process_left(slurm)
-
-
 def test_a_failing_job_passes_its_code_on(slurm, tmp_path):
     """Every rank's worker exits 7. torchrun (and accelerate) report 1 and srun the highest code of a step's
     tasks; the job's code is still the workers' own 7."""

@@ -32,7 +32,7 @@ def _grid(plan: Plan) -> Table:
     return table
 
 
-def _processes(plan: Plan) -> Table:
+def processes_table(plan: Plan) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold", show_header=True)
     for col in ("process", "node", "GPUs", "port", "waits for", "command"):
         table.add_column(col, overflow="fold", no_wrap=col != "command")
@@ -87,7 +87,7 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
     console.print(f"[bold]trainer[/]   TRL {plan.trainer_class}(" +
                   ", ".join(f"{k}={val!r}" for k, val in plan.trainer_args.items()) + ")")
     console.print()
-    console.print(_processes(plan))
+    console.print(processes_table(plan))
     console.print()
     _scheduler(plan, console)
     console.print()

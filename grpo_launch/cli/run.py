@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from grpo_launch.compose import Composed
+    from grpo_launch.launch.result import RunResult
     from grpo_launch.plan import Plan
 
 EXAMPLES = """
@@ -25,6 +26,7 @@ EXAMPLES = """
   grpo run --resume runs/tiny-cpu/20261129-171500  continue from its newest checkpoint
   grpo run --resume runs/tiny-cpu/20261129-171500 trainer.max_steps=40 --force
   grpo run recipe=tiny-cpu-async-lora              proxy + 2 CPU replicas, LoRA adapter versions through the proxy
+  grpo run recipe=qwen72b-colocate --rehearse      its whole process graph small, here on CPU, before the GPUs
 """
 
 
@@ -75,12 +77,15 @@ def run(
                                  "log records and progress bars too) instead of the compact training view."),
     multirun: bool = typer.Option(False, "-m", "--multirun", help="Refused: grpo run starts one run at a time; "
                                   "compare the layouts of a sweep with `grpo plan -m` and run the one you pick."),
+    rehearse: bool = typer.Option(False, "--rehearse", help="Run the recipe's whole process graph small, for real, "
+                                  "on this CPU machine (a tiny model, 2 steps, at most 2 loopback nodes), and "
+                                  "report what was exercised as is, shrunk, or could not be; `grpo rehearse` too."),
     recipes_dir: list[str] | None = RecipesDirOption,
 ) -> None:
     """Train: write the run directory, start every process of the plan in order, stop them all together."""
     from rich.console import Console
 
-    from grpo_launch.compose import compose
+    from grpo_launch.compose import anchored, compose
     from grpo_launch.contracts.rundir import CONFIG_FILE
     from grpo_launch.errors import UserError
     from grpo_launch.materialize import config_document, new_run_dir, run_files
@@ -92,9 +97,20 @@ def run(
                         hint=f"grpo plan -m {' '.join(overrides or [])}, then grpo run with the overrides of the "
                              f"row you pick".replace("  ", " "))
     overrides, dirs = list(overrides or []), list(recipes_dir or [])
+    if rehearse:
+        from grpo_launch.cli.rehearse import rehearse_recipe
+
+        for flag, given in (("--resume", resume), ("--dry-run", dry_run), ("--node-rank", node_rank)):
+            if given not in (None, False):
+                raise UserError(f"{flag} is for a real run; a rehearsal is a run of its own", key=flag,
+                                hint=f"drop {flag}")
+        code = rehearse_recipe(overrides, dirs, grace_s=grace_s, verbose=verbose)
+        if code:
+            raise typer.Exit(code)
+        return
     if resume is not None:
         overrides, dirs = _resume_inputs(resume, overrides, dirs)
-    composed = compose(overrides, dirs)
+    composed = anchored(compose(overrides, dirs), Path.cwd())
     the_plan = build_plan(composed)
     if not force:
         from grpo_launch.plan.advisor import check_fit
@@ -126,9 +142,12 @@ def run(
             console.print(f"[bold]would then run[/] {' '.join(the_plan.scheduler.submit)} (in the run directory)")
         return
     if the_plan.scheduler.kind == "local":
-        _launch(composed, the_plan, dirs, resume, nodes, node_rank is not None, grace_s, console, verbose)
+        code = launch_local(composed, the_plan, dirs, run_dir=resume, nodes=nodes, join=node_rank is not None,
+                            grace_s=grace_s, console=console, verbose=verbose)[1].code
     else:
-        _submit(composed, the_plan, dirs, resume, console)
+        code = submit(composed, the_plan, dirs, run_dir=resume, console=console)
+    if code:
+        raise typer.Exit(code)
 
 
 def nodes_to_run(plan: Plan, node_rank: int | None) -> list[int]:
@@ -153,14 +172,17 @@ def nodes_to_run(plan: Plan, node_rank: int | None) -> list[int]:
     return list(range(plan.nodes))
 
 
-def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | None, nodes: list[int], join: bool,
-            grace_s: float, console: Console, verbose: bool) -> None:
+def launch_local(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path | None = None,
+                 nodes: list[int], join: bool = False, grace_s: float, console: Console,
+                 verbose: bool) -> tuple[Path, RunResult]:
+    """Write the run directory (`run_dir`: a run's to continue, or a new one's path; default: new under run.root)
+    and supervise `nodes` of the plan on this machine."""
     from grpo_launch.launch import curves
     from grpo_launch.launch.node import prepare_node, run_nodes
     from grpo_launch.materialize import materialize
 
     prepared = prepare_node(the_plan, nodes, console)  # addresses, ports, environment: before anything is written
-    run_dir = materialize(composed, the_plan, dirs, run_dir=resume, join=join).resolve()
+    run_dir = materialize(composed, the_plan, dirs, run_dir=run_dir, join=join).resolve()
     console.print(f"[bold]run directory[/] {run_dir}")
     if join and the_plan.nodes > 1:
         console.print(f"[yellow]node {nodes[0]} of {the_plan.nodes}: start the others (`grpo run --node-rank K`, the "
@@ -168,8 +190,9 @@ def _launch(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | 
     # the node of trainer rank 0 (which logs the metrics) draws the curve; others sharing run.dir leave it be
     logs_metrics = any(0 in p.ranks for p in the_plan.processes if p.node in nodes)
     plotter = curves.CurvePlotter(run_dir, f"{composed.recipe} ({run_dir.name})") if logs_metrics else None
-    code = run_nodes(prepared, run_dir, nodes, grace_s=grace_s, console=console, verbose=verbose).code
-    _finish(run_dir, code, console, plotter.finish() if plotter else None, draw=logs_metrics)
+    result = run_nodes(prepared, run_dir, nodes, grace_s=grace_s, console=console, verbose=verbose)
+    _finish(run_dir, result.code, console, plotter.finish() if plotter else None, draw=logs_metrics)
+    return run_dir, result
 
 
 def _finish(run_dir: Path, code: int, console: Console, curve: Path | None, *, draw: bool = True) -> None:
@@ -181,8 +204,6 @@ def _finish(run_dir: Path, code: int, console: Console, curve: Path | None, *, d
         if curve is not None:
             console.print(f"[bold]reward curve[/] {curve}")
     console.print(f"[bold]{'done' if code == 0 else 'failed'}[/] run directory: {run_dir}")
-    if code:
-        raise typer.Exit(code)
 
 
 # scheduler: (where its nodes find the run directory, what to do where the scheduler is not installed)
@@ -196,8 +217,10 @@ SCHEDULED = {
 }
 
 
-def _submit(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | None, console: Console) -> None:
-    """A scheduler's job: write the run directory (the job file in it), submit it from there and follow it."""
+def submit(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path | None = None,
+           console: Console) -> int:
+    """A scheduler's job: write the run directory (the job file in it), submit it from there and follow it; its
+    exit code (0 when nothing could be submitted here, after saying how to)."""
     import shlex
     import shutil
 
@@ -205,12 +228,12 @@ def _submit(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | 
     from grpo_launch.materialize import materialize
 
     where, missing = SCHEDULED[the_plan.scheduler.kind]
-    run_dir = materialize(composed, the_plan, dirs, run_dir=resume).resolve()
+    run_dir = materialize(composed, the_plan, dirs, run_dir=run_dir).resolve()
     console.print(f"[bold]run directory[/] {run_dir} ({where})")
     if shutil.which(the_plan.scheduler.submit[0]) is None:
         console.print(f"[yellow]{missing}[/]\n  cd {shlex.quote(str(run_dir))} && "
                       f"{shlex.join(the_plan.scheduler.submit)}")
-        return
+        return 0
     if the_plan.scheduler.kind == "slurm":
         code = slurm.submit_and_follow(the_plan, run_dir, console, poll_s=composed.config.scheduler.slurm.poll_s)
     else:
@@ -218,3 +241,4 @@ def _submit(composed: Composed, the_plan: Plan, dirs: list[str], resume: Path | 
     records = curves.read_metrics(run_dir)
     curve = curves.plot(run_dir, records, f"{composed.recipe} ({run_dir.name})") if records else None
     _finish(run_dir, code, console, curve)
+    return code

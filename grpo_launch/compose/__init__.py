@@ -244,9 +244,10 @@ class Composer:
     applies them after the defaults list): the combinations of a sweep that differ only in keys cost milliseconds.
     Compositions that succeeded are also kept in the cache (`compose.cache`)."""
 
-    def __init__(self, recipe_dirs: Sequence[str | Path] = ()) -> None:
+    def __init__(self, recipe_dirs: Sequence[str | Path] = (), *, store: bool = True) -> None:
         self.dirs = recipes.search_path(recipe_dirs)
         self.cache_inputs = cache.inputs(self.dirs) if cache.enabled() else None
+        self.store = store  # False: read the cache, add nothing to it (a rehearsal writes only its run directory)
         self._by_groups: dict[tuple[str, ...], tuple[Any, dict[str, str]] | UserError] = {}
 
     def _groups(self, groups: list[str], origins: Origins) -> tuple[Any, dict[str, str]]:
@@ -281,11 +282,24 @@ class Composer:
             trl_fields.check_trainer_names(config.trainer)
         except UserError as e:
             raise origins.locate(e, config) from None
-        if entry and not cached:
+        if entry and not cached and self.store:
             cache.store(entry, dataclasses.asdict(config), choices)
         return Composed(recipe=choices["recipe"], config=config, overrides=overrides, choices=choices,
                         origins=origins)
 
 
-def compose(overrides: Sequence[str] = (), recipe_dirs: Sequence[str | Path] = ()) -> Composed:
-    return Composer(recipe_dirs).compose(overrides)
+def compose(overrides: Sequence[str] = (), recipe_dirs: Sequence[str | Path] = (), *, store: bool = True) -> Composed:
+    return Composer(recipe_dirs, store=store).compose(overrides)
+
+
+def anchored(composed: Composed, cwd: Path) -> Composed:
+    """The composition with the paths its processes read made absolute against `cwd`, where grpo was started: the
+    processes run in the run directory. Reward files need none of this: they are copied into the run directory."""
+    data = composed.config.data
+    if data.source != "files":
+        return composed
+    path = str(cwd / Path(data.path).expanduser())  # an absolute path stays as it is
+    if path == data.path:
+        return composed
+    config = dataclasses.replace(composed.config, data=dataclasses.replace(data, path=path))
+    return dataclasses.replace(composed, config=config)

@@ -16,3 +16,4 @@ JOB_LOG = "job.log"                # under logs/: the batch script's own output
 NODE_FAILURES = "node-{node}.failure"  # under logs/: 'CODE TIME_NS REASON' of a node whose processes failed
 PREPARE_LOCK = ".prepare.lock"    # nodes sharing a run directory take turns at the prepare steps
 WEIGHT_SYNC_DIR = "weight-sync"   # weights the trainer writes for vLLM to reload (CPU runs), rewritten every step
+TRAINER_FAILURE = "trainer-rank{rank}.failure.json"  # under logs/: a trainer rank's exception, phase and step

@@ -279,7 +279,11 @@ class ConsoleDisplay:
             self.say("interrupted: stopping every process", style="bold yellow")
         for failure in result.failures:
             self.say(f"failed: {failure}", style="bold red")
-            if failure.tail:
+            if failure.rank_error is not None:  # the rank's own traceback, whole and not interleaved with others
+                self.say(f"{failure.rank_error.where}: its traceback ({failure.rank_error.record}):", style="red")
+                for line in failure.rank_error.traceback:
+                    self.console.print(Text(f"    {line}"), soft_wrap=True)
+            elif failure.tail:
                 self.say(f"last lines of {failure.log}:", style="red")
                 for line in failure.tail:
                     self.console.print(Text(f"    {line}"), soft_wrap=True)

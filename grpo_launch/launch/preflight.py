@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata
 import socket
 
@@ -30,6 +31,15 @@ def check_vllm_installed(plan: Plan, node: int) -> None:
         raise UserError(f"{plan.recipe} runs vLLM on this machine (placement {plan.placement}), and vLLM is not "
                         f"installed here", key="vllm", hint=f"install it: {VLLM_INSTALL[plan.accelerator]}; "
                                                           f"`grpo plan` works without it") from None
+
+
+def check_data_files(plan: Plan) -> None:
+    """A files dataset must match a file here. (A relative path names one the run directory holds: the paths
+    given on the command line were anchored where grpo runs.)"""
+    data = plan.trainer_inputs.data
+    if data.source == "files" and data.path.startswith("/") and not glob.glob(data.path):
+        raise UserError(f"data.path {data.path} matches no file", key="data.path",
+                        hint="give a path relative to where you run grpo, or an absolute one")
 
 
 def check_ports_free(plan: Plan, node: int) -> None:

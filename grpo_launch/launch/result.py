@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from grpo_launch.contracts.rundir import LOGS_DIR, TRAINER_FAILURE
 
 EXIT_INTERRUPTED = 130
 TAIL_LINES = 25                  # a failure shows this many of its process's last lines
@@ -29,6 +33,36 @@ def root_cause_code(report: list[str]) -> int | None:
 
 
 @dataclass(frozen=True)
+class RankError:
+    """What a trainer rank said as it failed (trainer.progress): where it was, the exception, its traceback."""
+
+    rank: int
+    phase: str                     # "training", "loading the dataset", ...
+    step: int | None               # the step it was computing, from 1
+    error: str                     # "ValueError: ..."
+    traceback: tuple[str, ...]
+    record: Path
+
+    @property
+    def where(self) -> str:
+        return f"rank {self.rank}, " + (f"at step {self.step}" if self.step is not None else self.phase)
+
+
+def first_rank_error(run_dir: Path, ranks: Collection[int]) -> RankError | None:
+    """The earliest failure record among `ranks` (the others often fail because that one did)."""
+    found = []
+    for r in ranks:
+        path = run_dir / LOGS_DIR / TRAINER_FAILURE.format(rank=r)
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        found.append((record["time"], RankError(r, record["phase"], record["step"], record["error"],
+                                                tuple(record["traceback"].splitlines()), path)))
+    return min(found, key=lambda f: f[0])[1] if found else None
+
+
+@dataclass(frozen=True)
 class Failure:
     """One process (or prepare step) that failed on its own, not because the supervisor stopped it."""
 
@@ -37,9 +71,12 @@ class Failure:
     reason: str                    # e.g. "exited with code 9 before it was ready"
     log: Path
     tail: tuple[str, ...] = ()     # its last log lines
+    rank_error: RankError | None = None  # a trainer: the rank that failed first, and why
 
     def __str__(self) -> str:
-        return f"{self.process} {self.reason}"
+        if self.rank_error is None:
+            return f"{self.process} {self.reason}"
+        return f"{self.process} {self.reason} ({self.rank_error.where}: {self.rank_error.error})"
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,14 @@ import time
 import urllib.request
 from collections import deque
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from grpo_launch.contracts.plan import Plan, ProcessSpec
-from grpo_launch.contracts.rundir import LOGS_DIR, METRICS_FILE, PREPARE_LOCK
+from grpo_launch.contracts.rundir import LOGS_DIR, METRICS_FILE, PREPARE_LOCK, TRAINER_FAILURE
 from grpo_launch.launch.display import ConsoleDisplay
 from grpo_launch.launch.result import (
     EXIT_INTERRUPTED,
@@ -43,6 +43,7 @@ from grpo_launch.launch.result import (
     Failure,
     RunResult,
     exit_code_of,
+    first_rank_error,
     root_cause_code,
 )
 
@@ -252,6 +253,8 @@ class Supervisor:
     async def _start(self, child: Child) -> None:
         spec = child.spec
         child.generation += 1
+        for rank in spec.ranks:  # a resumed run's old failure records would be read as this run's
+            (self.run_dir / LOGS_DIR / TRAINER_FAILURE.format(rank=rank)).unlink(missing_ok=True)
         child.diagnosis, child.report = None, []  # what an earlier incarnation said does not explain this one
         log = child.log_path.open("a")
         child.process, exited = await _spawn(spec.argv, self.run_dir, child_environment(spec.env))
@@ -493,13 +496,19 @@ class Supervisor:
             ticker.cancel()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-        failures = tuple(Failure(f.process, f.code, f.reason, f.log, f.tail or self._tail(f.process))
-                         for f in self.failures)
+        failures = tuple(self._described(f) for f in self.failures)
         code = EXIT_INTERRUPTED if interrupted else (failures[0].code if failures else 0)
         result = RunResult(code=code, failures=failures, interrupted=interrupted,
                            restarts={c.name: c.restarts for c in self.children if c.restarts})
         self.display.finished(result)
         return result
+
+    def _described(self, failure: Failure) -> Failure:
+        """The failure with its process's last lines, and for a trainer what its first failing rank recorded."""
+        child = self.by_name.get(failure.process)
+        ranks = child.spec.ranks if child is not None and child.spec.role == "trainer" else ()
+        return replace(failure, tail=failure.tail or self._tail(failure.process),
+                                   rank_error=first_rank_error(self.run_dir, ranks) if ranks else None)
 
     def _tail(self, name: str) -> tuple[str, ...]:
         child = self.by_name.get(name)

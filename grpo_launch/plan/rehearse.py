@@ -9,6 +9,7 @@ whether the hub answers) comes in as arguments. docs/rehearse.md says what is ke
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,6 +31,11 @@ TINY = "builtin:tiny"
 TINY_FAMILY_NAME = "qwen"  # the built-in model is Qwen2-shaped (contracts.tiny): Qwen models rehearse as their kin
 # The CPU's attention kernels: the tiny model runs these (FlashAttention and the like need a GPU).
 CPU_ATTENTION = (None, "sdpa", "eager")
+# Caches the processes would write under ~ (Hugging Face, vLLM, torch's extensions, Triton, XDG's): inside the
+# rehearsal's run directory (relative: every process runs there), unless the caller's environment sets them.
+CACHES = {"XDG_CACHE_HOME": "cache", "HF_HOME": "cache/huggingface", "VLLM_CACHE_ROOT": "cache/vllm",
+          "VLLM_CONFIG_ROOT": "cache/vllm-config", "TORCH_EXTENSIONS_DIR": "cache/torch_extensions",
+          "TRITON_CACHE_DIR": "cache/triton"}
 
 
 @dataclass(frozen=True)
@@ -72,13 +78,14 @@ def _processes(plan: Plan) -> str:
 
 
 def _stand_in_rows(config: Config) -> str:
-    """Built-in sums in the recipe's own columns: the prompt column (chat messages when the recipe's prompts are),
-    and the answer column's nested path, so the column mapping runs as it would on the real rows."""
+    """Built-in sums in the recipe's own columns: the prompt column as chat messages (as the hub's RL datasets and
+    TRL's own reward functions have them), and the answer column's nested path, so the column mapping runs as it
+    would on the real rows."""
     d = config.data
     rows = []
     for i in range(DATA_ROWS):
         a, b = (i * 7) % 50, (i * 13) % 50
-        row: dict[str, Any] = {d.prompt_column: f"{a}+{b}="}
+        row: dict[str, Any] = {d.prompt_column: [{"role": "user", "content": f"{a}+{b}="}]}
         if d.answer_column is not None:
             node = row
             *parents, last = d.answer_column.split(".")
@@ -89,9 +96,12 @@ def _stand_in_rows(config: Config) -> str:
     return "\n".join(rows) + "\n"
 
 
-def derive(config: Config, plan: Plan, *, host_memory_gib: float, hub: str | None) -> Rehearsal:
+def derive(config: Config, plan: Plan, *, host_memory_gib: float, hub: str | None,
+           schedulers: Collection[str] = ("local",), environment: Collection[str] = ()) -> Rehearsal:
     """The rehearsal of `config` (planned as `plan`) on this machine. `hub`: None when the hub answers, else why it
-    does not (the rehearsal then uses stand-in rows in the dataset's columns)."""
+    does not (the rehearsal then uses stand-in rows in the dataset's columns). `schedulers`: those that can run
+    a job here (a Slurm cluster answering `sbatch`); another is rehearsed by `grpo run` itself. `environment`: the
+    names the caller's environment sets (a cache it sets stays where it points)."""
     c, v = config.cluster, config.vllm
     placement = placement_of(config)
     features: list[Feature] = []
@@ -119,6 +129,13 @@ def derive(config: Config, plan: Plan, *, host_memory_gib: float, hub: str | Non
                  "GPUs become CPU processes"),
         _feature("launcher", config.launcher, config.launcher),
     ]
+    scheduler = config.scheduler
+    if scheduler.kind not in schedulers:
+        features.append(_feature("scheduler", scheduler.kind, "local", f"no {scheduler.kind} here: `grpo run` starts "
+                                 f"every node itself (`grpo plan --dry-run` shows the job file)", impossible=True))
+        scheduler = replace(scheduler, kind="local")
+    else:
+        features.append(_feature("scheduler", scheduler.kind, scheduler.kind))
 
     # -- the model ----------------------------------------------------------------------------------------------
     shape = TinyModel(max_position_embeddings=CONTEXT)
@@ -197,16 +214,22 @@ def derive(config: Config, plan: Plan, *, host_memory_gib: float, hub: str | Non
         files[STAND_IN_DATA] = _stand_in_rows(config)
         data = replace(d, source="files", path=STAND_IN_DATA, config=None, max_samples=None)
         features.append(_feature("data", f"{source} (columns {_columns(d)})",
-                                 f"{DATA_ROWS} stand-in rows in the same columns", f"the hub is out of reach: {hub}",
-                                 impossible=True))
+                                 f"{DATA_ROWS} stand-in rows in the same columns (chat prompts)",
+                                 f"the hub is out of reach: {hub}", impossible=True))
 
+    output_dir = str(config.trainer.get("output_dir", "checkpoints"))
+    if output_dir.startswith(("/", "~")):  # shared storage of the real cluster: the rehearsal keeps to its run dir
+        trainer["output_dir"] = "checkpoints"
+        features.append(_feature("output_dir", output_dir, "checkpoints (in the run directory)"))
+    caches = {k: v for k, v in CACHES.items() if k not in environment and k not in config.env.set}
     rehearsal = replace(
         config, model=model, data=data, vllm=vllm, trainer=trainer,
+        env=replace(config.env, set={**config.env.set, **caches}),
         lora=replace(lora, r=rank),
         cluster=replace(c, accelerator="cpu", nodes=nodes, gpus_per_node=slots, gpu_type="cpu",
-                        gpu_memory_gib=host_memory_gib, host_memory_gib=host_memory_gib,
-                        hosts=["127.0.0.1"] * nodes if nodes > 1 else []),
+                        gpu_memory_gib=host_memory_gib, host_memory_gib=host_memory_gib, hosts=[]),
         placement=replace(config.placement, trainer_nodes=rehearsal_trainer_nodes),
+        scheduler=replace(scheduler, slurm=replace(scheduler.slurm, gpus_per_node=None, gres=None)),
         run=replace(config.run, dir=None))
     return Rehearsal(rehearsal, tuple(features), files)
 

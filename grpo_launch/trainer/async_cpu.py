@@ -23,6 +23,7 @@ from typing import Any
 
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.contracts.vllm import ADAPTER_NAME, ADAPTER_SUBDIR, adapter_version_name
+from grpo_launch.trainer.progress import PROGRESS
 from grpo_launch.trainer.response_templates import ensure_response_template
 
 
@@ -112,6 +113,7 @@ def train_on_cpu(plan: Plan, dataset, reward_funcs, peft_config, metrics_path: P
     dropped = 0
     try:
         for step in range(1, args.max_steps + 1):
+            PROGRESS.at_step(step)
             batch = []
             while len(batch) < per_step:
                 sample = worker.rollout_buffer.get(timeout=args.request_timeout)

@@ -20,6 +20,7 @@ from grpo_launch.contracts.inputs import Lora
 from grpo_launch.contracts.plan import Plan, load_plan
 from grpo_launch.contracts.rundir import METRICS_FILE, PLAN_FILE, REWARDS_DIR
 from grpo_launch.trainer.data import import_target, load_training_dataset
+from grpo_launch.trainer.progress import PROGRESS, step_callback, write_failure
 
 FINAL_DIR = "final"
 TRAINER_STATE = "trainer_state.json"  # transformers' name, written last into each checkpoint
@@ -81,7 +82,8 @@ def _untie_output_head(async_grpo_trainer) -> None:
 
 def _common(plan: Plan, dataset, rewards) -> dict:
     return dict(model=plan.trainer_inputs.model, reward_funcs=rewards, train_dataset=dataset,
-                peft_config=peft_config(plan.trainer_inputs.lora), callbacks=[_metrics_callback(Path(METRICS_FILE))])
+                peft_config=peft_config(plan.trainer_inputs.lora),
+                callbacks=[_metrics_callback(Path(METRICS_FILE)), step_callback()])
 
 
 def train_grpo(plan: Plan, dataset, rewards) -> None:
@@ -167,8 +169,11 @@ def run_trainer(trainer) -> None:
 
 def train(plan: Plan) -> None:
     inputs = plan.trainer_inputs
+    PROGRESS.enter("loading the dataset")
     dataset = load_training_dataset(inputs.data, plan.trainer_args["seed"], chat=inputs.chat_prompts)
+    PROGRESS.enter("loading the reward functions")
     rewards = [load_reward(r.target) for r in inputs.rewards]
+    PROGRESS.enter("building the trainer")
     TRAINERS[inputs.trainer](plan, dataset, rewards)
 
 
@@ -201,8 +206,9 @@ def main() -> None:
     code = 0
     try:
         train(load_plan(PLAN_FILE).with_addresses(os.environ))  # a scheduler's job gives node addresses
-    except BaseException:  # noqa: BLE001  (every failure must reach _exit, which passes the code on)
+    except BaseException as error:  # noqa: BLE001  (every failure must reach _exit, which passes the code on)
         traceback.print_exc()
+        write_failure(error)
         code = 1
     _exit(code)
 

@@ -83,20 +83,25 @@ def _token_ids(tokenizer, prompt) -> list[int]:
 def check_engine_follows(trainer, prompts: list) -> None:
     """Sync the final weights once more, then require the engine's greedy completions of `prompts` (as the dataset
     holds them) to be the trained weights' own: each token the argmax of the trainer's next-token distribution, with
-    the same log-probability. Every rank takes part (the sync may gather); each rank checks its own engine
-    (colocate), rank 0 the server."""
+    the same log-probability. Every rank takes part (the sync and the forward passes may gather); each rank checks
+    its own engine (colocate), or the server's answer to rank 0 (server)."""
     import torch
 
     generation = trainer.vllm_generation
     generation.sync_weights()
     model = trainer.accelerator.unwrap_model(trainer.model)
     prompts = [_token_ids(trainer.processing_class, p) for p in prompts[:CHECK_PROMPTS]]
-    if generation.mode == "server" and not trainer.accelerator.is_main_process:
-        return
     if generation.mode == "server":
-        out = generation.vllm_client.generate(prompts=prompts, temperature=0.0, max_tokens=CHECK_TOKENS, logprobs=0)
-        completions = out["completion_ids"]
-        engine_logprobs = [[row[0] for row in seq] for seq in out["logprobs"]]
+        from accelerate.utils import broadcast_object_list
+
+        answer = [None]
+        if trainer.accelerator.is_main_process:
+            out = generation.vllm_client.generate(prompts=prompts, temperature=0.0, max_tokens=CHECK_TOKENS,
+                                                  logprobs=0)
+            answer = [(out["completion_ids"], [[row[0] for row in seq] for seq in out["logprobs"]])]
+        # Every rank scores the server's answer: under ZeRO-3 a forward pass gathers parameters from all ranks, and
+        # rank 0 alone would wait for the others for ever.
+        completions, engine_logprobs = broadcast_object_list(answer)[0]
     else:
         from vllm import SamplingParams
 
@@ -119,5 +124,6 @@ def check_engine_follows(trainer, prompts: list) -> None:
     if worst > LOGPROB_TOLERANCE:
         raise RuntimeError(f"weight sync check failed: vLLM's log-probabilities differ from the trained weights' by "
                            f"up to {worst:.2e}")
-    print(f"[grpo-launch] weight sync check: vLLM ({generation.mode}) generates with the trained weights: "
-          f"{len(prompts)} greedy completions, log-probabilities within {worst:.1e}", flush=True)
+    if generation.mode != "server" or trainer.accelerator.is_main_process:
+        print(f"[grpo-launch] weight sync check: vLLM ({generation.mode}) generates with the trained weights: "
+              f"{len(prompts)} greedy completions, log-probabilities within {worst:.1e}", flush=True)
