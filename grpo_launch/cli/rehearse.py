@@ -52,8 +52,8 @@ def rehearse(
 def rehearse_recipe(overrides: list[str], dirs: list[str], *, grace_s: float, verbose: bool) -> int:
     from rich.console import Console
 
+    from grpo_launch.cli.launching import launch_local, nodes_to_run, submit
     from grpo_launch.cli.plan_view import print_plan, processes_table
-    from grpo_launch.cli.run import launch_local, nodes_to_run, submit
     from grpo_launch.compose import anchored, compose
     from grpo_launch.materialize import new_run_dir
     from grpo_launch.plan import build_plan
