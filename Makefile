@@ -55,8 +55,11 @@ setup: $(VLLM_STAMP)
 run: $(STAMP)
 	$(BIN)/grpo run
 
+# The fast tests (planning, in-process) on every core; the end-to-end ones (marked slow: real processes on fixed
+# ports, a Slurm cluster) one at a time.
 test: $(VLLM_STAMP) $(SKY_STAMP) slurm
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs -m "not slow" -n auto
+	$(BIN)/python -m pytest -q -rs -m slow
 
 bench: $(VLLM_STAMP)
 	$(BIN)/python benchmarks/plan_time.py

@@ -19,6 +19,9 @@ def isolated_config_home(tmp_path, tmp_path_factory, monkeypatch):
     """Keep the developer's ~/.config/grpo-launch, composition cache and $GRPO_RECIPES_PATH out of every test."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path_factory.mktemp("compose-cache")))
+    # Built tiny models are kept for the whole session, as between a user's runs (about 9 s a build here).
+    monkeypatch.setenv("GRPO_MODEL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "prepared"))
+    monkeypatch.delenv("GRPO_MODEL_CACHE", raising=False)
     # `import trl` (tests import it in-process) sets VLLM_LOGGING_LEVEL=ERROR in os.environ when vLLM is installed
     # (trl/_compat.py), which every process a test starts would inherit: keep vLLM's servers logging as they do for
     # a user, whose `grpo run` never imports TRL.

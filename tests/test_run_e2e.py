@@ -66,7 +66,7 @@ def test_run_directory_is_complete_and_launch_sh_replays(tmp_path):
     first, last = rewards(run_dir)
     assert last - first > 0.5, (first, last)  # the embedded default learns, as `make run` shows
     for name in ("config.yaml", "overrides.yaml", "plan.json", "accelerate.yaml", "launch.sh", "metrics.jsonl",
-                 "reward_curve.png", "logs/trainer.log", "logs/tiny-model.log", "model/config.json",
+                 "reward_curve.png", "logs/trainer.log", "model/config.json",
                  "model/tokenizer.json", "checkpoints/final"):
         assert (run_dir / name).exists(), name
     assert os.access(run_dir / "launch.sh", os.X_OK)

@@ -124,6 +124,33 @@ def test_a_bug_in_the_supervisor_still_stops_every_process(tmp_path, monkeypatch
     assert_all_dead(recorded_pids(pids))
 
 
+def prepare_plan(tmp_path: Path, counter: Path) -> dict:
+    """A plan whose one prepare step has a cache key: it counts its builds in `counter` (outside the run)."""
+    plan = server_plan(tmp_path, ["--ready-after", "0.2"], ["--run-for", "0.1"])
+    build = f"import os; os.mkdir('thing'); open('thing/made', 'w').write('x'); open({str(counter)!r}, 'a').write('.')"
+    plan["prepare"] = [{"name": "thing", "argv": [sys.executable, "-c", build], "creates": "thing",
+                        "cache_key": "thing-1"}]
+    return plan
+
+
+@pytest.mark.parametrize("mode", ["1", "read", "0"])
+def test_a_prepare_step_with_a_cache_key_is_built_once(tmp_path, monkeypatch, mode):
+    monkeypatch.setenv("GRPO_MODEL_CACHE", mode)
+    monkeypatch.setenv("GRPO_MODEL_CACHE_DIR", str(tmp_path / "kept"))
+    counter = tmp_path / "builds"
+    for n in range(2):
+        run_dir = tmp_path / f"run{n}"
+        run_dir.mkdir()
+        result, out = run(prepare_plan(run_dir, counter), run_dir)
+        assert result.code == 0, out
+        assert (run_dir / "thing" / "made").read_text() == "x"
+    kept = tmp_path / "kept" / "thing-1"
+    assert counter.read_text() == ("." if mode == "1" else "..")  # read and 0: nothing kept, built each time
+    assert kept.is_dir() == (mode == "1")
+    if mode == "1":
+        assert "prepared thing: kept from an earlier run" in out
+
+
 def test_process_dying_at_start(tmp_path):
     plan = server_plan(tmp_path, ["--die-after", "0", "--code", "7"], [])
     result, out = run(plan, tmp_path)

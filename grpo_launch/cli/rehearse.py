@@ -78,8 +78,11 @@ def rehearse_recipe(overrides: list[str], dirs: list[str], *, grace_s: float, ve
     console.rule(f"the rehearsal: {rehearsed.recipe}")
     console.print(processes_table(the_plan))
     target = new_run_dir(rehearsed)
-    # This process's own cache (matplotlib's fonts, for the reward curve) is kept in the run directory too.
+    # This process's own caches stay out of ~ too: matplotlib's fonts (for the reward curve) go into the run
+    # directory, and a built model kept by earlier runs is used but none is added (launch.prepared).
     os.environ.setdefault("MPLCONFIGDIR", str(target.resolve() / "cache" / "matplotlib"))
+    if os.environ.get("GRPO_MODEL_CACHE") != "0":
+        os.environ["GRPO_MODEL_CACHE"] = "read"
     if the_plan.scheduler.kind == "local":
         run_dir, result = launch_local(rehearsed, the_plan, dirs, run_dir=target, nodes=nodes_to_run(the_plan, None),
                                        grace_s=grace_s, console=console, verbose=verbose)

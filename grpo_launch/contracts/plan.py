@@ -66,11 +66,13 @@ class ProcessSpec:
 
 @dataclass(frozen=True)
 class PrepareStep:
-    """A command run once, before any process, in the run directory; skipped when `creates` already exists."""
+    """A command run once, before any process, in the run directory; skipped when `creates` already exists. With
+    a `cache_key`, what it creates depends on nothing else: it is kept between runs (launch.prepared)."""
 
     name: str
     argv: tuple[str, ...]
     creates: str
+    cache_key: str | None = None
 
 
 @dataclass(frozen=True)

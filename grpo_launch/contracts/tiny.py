@@ -12,6 +12,7 @@ VOCABULARY = (*SPECIAL_TOKENS, *CHARACTERS)  # token id = position: one characte
 # Plain concatenation of message contents: lets chat-formatted prompts work with a model that has no chat format.
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 MODEL_TYPE = "qwen2"
+BUILD_FORMAT = 1  # bump when what trainer.tiny_model writes changes: built models kept between runs are keyed by it
 
 
 def config_json(*, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,

@@ -35,6 +35,7 @@ from rich.console import Console
 
 from grpo_launch.contracts.plan import Plan, ProcessSpec
 from grpo_launch.contracts.rundir import LOGS_DIR, METRICS_FILE, PREPARE_LOCK, TRAINER_FAILURE
+from grpo_launch.launch import prepared
 from grpo_launch.launch.display import ConsoleDisplay
 from grpo_launch.launch.result import (
     EXIT_INTERRUPTED,
@@ -234,7 +235,11 @@ class Supervisor:
 
     async def _prepare_steps(self) -> None:
         for step in self.plan.prepare:
-            if (self.run_dir / step.creates).exists():
+            created = self.run_dir / step.creates
+            if created.exists():
+                continue
+            if step.cache_key and (entry := await asyncio.to_thread(prepared.restore, step.cache_key, created)):
+                self.display.say(f"prepared {step.name}: kept from an earlier run ({entry})")
                 continue
             self.display.preparing(step.name, list(step.argv))
             proc = await asyncio.create_subprocess_exec(
@@ -249,6 +254,8 @@ class Supervisor:
                 self.failures.append(Failure(step.name, exit_code_of(proc.returncode),
                                              f"failed with exit code {proc.returncode}", log, tail))
                 return
+            if step.cache_key:
+                await asyncio.to_thread(prepared.keep, step.cache_key, created)
 
     async def _start(self, child: Child) -> None:
         spec = child.spec

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
 from grpo_launch.compose.schema import Config
+from grpo_launch.contracts import tiny
 from grpo_launch.contracts.builtins import BUILTIN_MODEL_DIR, MODELS
 from grpo_launch.contracts.plan import Diagnosis, PrepareStep, ProcessSpec
 from grpo_launch.contracts.rundir import ACCELERATE_FILE
@@ -38,7 +40,10 @@ def prepare_steps(config: Config) -> tuple[PrepareStep, ...]:
             str(t.hidden_size), "--num-layers", str(t.num_layers), "--num-heads", str(t.num_heads),
             "--num-kv-heads", str(t.num_kv_heads), "--max-position-embeddings", str(t.max_position_embeddings),
             "--seed", str(config.seed))
-    return (PrepareStep(name=f"{name}-model", argv=argv, creates=BUILTIN_MODEL_DIR),)
+    # The build is a function of its arguments and of the model description: built once, kept between runs.
+    what = json.dumps([argv, tiny.BUILD_FORMAT, tiny.MODEL_TYPE, tiny.VOCABULARY, tiny.CHAT_TEMPLATE])
+    return (PrepareStep(name=f"{name}-model", argv=argv, creates=BUILTIN_MODEL_DIR,
+                        cache_key=f"{name}-{hashlib.sha256(what.encode()).hexdigest()[:16]}"),)
 
 
 def base_env(config: Config, gpus: tuple[int, ...]) -> dict[str, str]:
