@@ -46,6 +46,7 @@ BAD_PLAN_INPUTS = [
     (["recipe=qwen7b-server", "vllm.sleep_level=2"], "only applies to placement=colocate"),
     (["recipe=qwen7b-server", "vllm.tensor_parallel_size=16"], "needs vllm.tensor_parallel_size=16 GPUs"),
     (["recipe=qwen7b-server", "vllm.tensor_parallel_size=8"], "no GPU is left for the trainer"),
+    (["recipe=qwen7b-colocate", "vllm.tensor_parallel_size=8"], "does not split Qwen/Qwen2.5-Math-7B's 28 attention"),
     (["recipe=qwen7b-server", "placement.trainer_nodes=5"], "the cluster has 1 node"),
     (["recipe=qwen1.5b-async-lora", "lora.enabled=false"], "placement async-lora syncs a LoRA adapter"),
     (["recipe=qwen1.5b-async-lora", "zero=3"], "FSDP2 only"),

@@ -178,3 +178,22 @@ def test_rich_view_and_dry_run():
     assert "vllm 0 tp1" in out and "train 5" in out
     assert "VLLM_SERVER_DEV_MODE=1 vllm serve Qwen/Qwen2.5-Math-7B" in out
     assert '"stage": 3' in out and "#!/usr/bin/env bash" in out and "distributed_type: DEEPSPEED" in out
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["recipe=qwen7b-colocate", "vllm.tensor_parallel_size=8"], "does not split Qwen/Qwen2.5-Math-7B's 28 attention "
+                                                                "heads"),
+    (["recipe=qwen7b-server", "vllm.tensor_parallel_size=7"], "Qwen2.5-Math-7B's 4 KV heads"),
+    (["recipe=qwen1.5b-colocate", "vllm.tensor_parallel_size=8"], "Qwen2.5-Math-1.5B's 12 attention heads"),
+])
+def test_a_tensor_parallel_size_vllm_refuses_is_refused_at_plan_time(overrides, message):
+    """vLLM refuses a TP size that does not split the attention heads (or the KV heads) only when its engine
+    starts on the GPUs; the plan knows the model's shape."""
+    result = grpo("plan", *overrides)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "a size vLLM accepts for this model: 1, 2, 4" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_tensor_parallel_sizes_that_split_the_heads_plan():
+    assert plan_json("recipe=qwen72b-colocate")["vllm"]["tensor_parallel_size"] == 8  # 64 heads, 8 KV heads
+    assert plan_json("recipe=qwen7b-colocate", "vllm.tensor_parallel_size=4")["vllm"]["tensor_parallel_size"] == 4

@@ -36,9 +36,10 @@ def test_the_issue_example_prints_a_row_per_combination(wide, capsys):
 def test_refused_layouts_stay_in_the_table_with_their_reason(wide, capsys):
     assert main(["plan", "-m", "recipe=qwen7b-server,qwen7b-colocate", "vllm.tensor_parallel_size=4,8"]) == 0
     out = capsys.readouterr().out
-    assert "4 combinations of recipe, vllm.tensor_parallel_size · 3 planned, 3 fit, 1 refused" in out
-    refused = next(line for line in out.splitlines() if "refused" in line and line.startswith("qwen7b-server"))
-    assert "no GPU is left for the trainer" in refused
+    assert "4 combinations of recipe, vllm.tensor_parallel_size · 2 planned, 2 fit, 2 refused" in out
+    refused = {line.split()[0]: line for line in out.splitlines() if "refused" in line and line.startswith("qwen7b-")}
+    assert "no GPU is left for the trainer" in refused["qwen7b-server"]
+    assert "does not split Qwen/Qwen2.5-Math-7B's 28" in refused["qwen7b-colocate"]  # vLLM's own rule, at plan time
 
 
 def test_json_lists_plans_and_errors_in_table_order(capsys):
@@ -47,8 +48,9 @@ def test_json_lists_plans_and_errors_in_table_order(capsys):
         {"recipe": r, "vllm.tensor_parallel_size": tp} for r in ("qwen7b-server", "qwen7b-colocate")
         for tp in ("4", "8")]
     assert "no GPU is left" in entries[1]["error"]["message"] and "plan" not in entries[1]
-    assert [e.get("throughput_rank") for e in entries] == [3, None, 1, 2] and [e.get("best") for e in entries] == \
-        [False, None, True, False]
+    assert "does not split" in entries[3]["error"]["message"]
+    assert [e.get("throughput_rank") for e in entries] == [2, None, 1, None] and [e.get("best") for e in entries] == \
+        [False, None, True, None]
     assert entries[2]["throughput_proxy"]["fewer_trainer_gpus"] == -8
 
 

@@ -16,7 +16,7 @@ from grpo_launch.contracts.plan import Engine, Plan, ProcessSpec
 from grpo_launch.contracts.rundir import ACCELERATE_FILE, DEEPSPEED_FILE, LAUNCH_FILE
 from grpo_launch.errors import UserError
 from grpo_launch.memory.estimate import estimate as estimate_memory
-from grpo_launch.plan.checks import builtin_model, check_data, check_env, check_hosts
+from grpo_launch.plan.checks import builtin_model, check_data, check_env, check_hosts, check_tensor_parallel
 from grpo_launch.plan.context import Context
 from grpo_launch.plan.documents import accelerate_config, check_zero, deepspeed_config
 from grpo_launch.plan.launch_script import launch_script
@@ -77,6 +77,7 @@ def _planned(composed: Composed) -> Plan:
 
     ctx = Context(config)
     result = placement.plan(ctx)
+    check_tensor_parallel(config)  # after the layout's own TP rules: a size that cannot be laid out says so first
     layout = result.layout
     world = layout.world_size
 

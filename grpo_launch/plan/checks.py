@@ -7,6 +7,7 @@ import re
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.builtins import BUILTIN_MODEL_PREFIX, MODELS, REWARDS, TASKS
 from grpo_launch.errors import UserError, did_you_mean
+from grpo_launch.memory.catalog import resolve
 
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|(^|_)KEY($|_)", re.IGNORECASE)
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
@@ -64,3 +65,20 @@ def builtin_model(name_or_path: str) -> str | None:
         raise UserError(f"unknown built-in model '{name}'{did_you_mean(name, MODELS, prefix=BUILTIN_MODEL_PREFIX)}",
                         key="model.name_or_path", hint=f"built-ins: {', '.join(known)}")
     return name
+
+
+def check_tensor_parallel(config: Config) -> None:
+    """vLLM splits the attention heads across its tensor-parallel ranks and refuses a size that does not divide
+    them (its ModelConfig check; the KV heads are split, or replicated when fewer than the ranks). Known here from
+    the model's shape, so a 7B with TP 8 fails at plan time, not when the engine starts on the GPUs."""
+    tp = config.vllm.tensor_parallel_size
+    resolved = resolve(config.model) if config.vllm.enabled and tp > 1 else None
+    if resolved is None:
+        return
+    heads, kv = resolved.shape.heads, resolved.shape.kv_heads
+    fits = [t for t in range(1, heads + 1) if heads % t == 0 and (kv % t == 0 if kv >= t else t % kv == 0)]
+    if tp not in fits:
+        what = f"{heads} attention heads" if heads % tp else f"{kv} KV heads"
+        raise UserError(f"vllm.tensor_parallel_size={tp} does not split {config.model.name_or_path}'s {what}: vLLM "
+                        f"refuses it", key="vllm.tensor_parallel_size",
+                        hint=f"a size vLLM accepts for this model: {', '.join(map(str, fits))}")
