@@ -59,7 +59,7 @@ run: $(STAMP)
 # ports, a Slurm cluster) one at a time.
 test: $(VLLM_STAMP) $(SKY_STAMP) slurm
 	$(BIN)/python -m pytest -q -rs -m "not slow" -n auto
-	$(BIN)/python -m pytest -q -rs -m slow
+	$(BIN)/python -m pytest -q -rs -m slow --durations=20
 
 bench: $(VLLM_STAMP)
 	$(BIN)/python benchmarks/plan_time.py

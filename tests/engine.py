@@ -44,3 +44,17 @@ def adapters_removed(log: str) -> list[str]:
 
 def metrics_records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# TRL's own measure of whether vLLM generated with the trainer's weights: |trainer log-prob - vLLM's| per token.
+LOGP_DIFFERENCE = "sampling/sampling_logp_difference/max"
+SYNC_CHECK = re.compile(r"weight sync check: vLLM \((\w+)\) generates with the trained weights")
+
+
+def assert_generation_followed_training(run_dir: Path, steps: int) -> None:
+    records = [r for r in metrics_records(run_dir) if LOGP_DIFFERENCE in r]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    # Every step generated with the weights of the step before: the trainer and vLLM agree to float32 precision
+    # while training moves the weights (the loss is not zero throughout).
+    assert max(r[LOGP_DIFFERENCE] for r in records) < 1e-4, [r[LOGP_DIFFERENCE] for r in records]
+    assert any(abs(r["loss"]) > 0 for r in records)

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from conftest import RUN_ENV, free_port, grpo_run
+from engine import SYNC_CHECK, assert_generation_followed_training
 from slurm_cluster import LoopbackSlurm, missing
 
 from grpo_launch.launch import curves
@@ -77,6 +78,11 @@ def test_tiny_cpu_server_with_vllm_on_one_node_and_the_trainer_on_another(slurm,
     assert '"node": 1' in plan
     assert "vllm is ready" in (run_dir / "logs" / "step-trainer-0.out").read_text()  # gated on /health
     assert curves.read_metrics(run_dir)[-1]["step"] == 3
+    # TRL's GRPOTrainer against the real server on the other node: every step generated with the weights of the
+    # step before (through files and vLLM's reload), and after the run the server serves the final weights.
+    assert_generation_followed_training(run_dir, steps=3)
+    assert SYNC_CHECK.findall((run_dir / "logs" / "trainer.log").read_text()) == ["server"]
+    assert (run_dir / "weight-sync" / "model.safetensors").is_file()
     assert "stopping" in (run_dir / "logs" / "step-services-0.out").read_text()  # servers stop with training
     assert_no_job_process_left(slurm)
 

@@ -1,5 +1,6 @@
-"""Every vLLM placement against the real engine (vLLM's CPU build), proven by the engines' own numbers: the server
-placement with TRL's GRPOTrainer, colocate under accelerate and torchrun, and the faults of a real server."""
+"""vLLM's CPU build against the real engine: colocate under torchrun, and the faults of a real server. The server
+placement runs against a real server on its own Slurm node (test_slurm) and in the server recipes' rehearsals
+(test_rehearse); colocate under accelerate, on 2 nodes, in qwen72b-colocate's rehearsal."""
 
 import importlib.metadata
 import re
@@ -8,30 +9,16 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import grpo
-from engine import final_metrics, metrics_records, total
+from engine import SYNC_CHECK, assert_generation_followed_training
 
 from grpo_launch.cli import main
 
 pytestmark = pytest.mark.slow
 ENV = {"COLUMNS": "200"}
-# TRL's own measure of whether vLLM generated with the trainer's weights: |trainer log-prob - vLLM's| per token.
-LOGP_DIFFERENCE = "sampling/sampling_logp_difference/max"
-SYNC_CHECK = re.compile(r"weight sync check: vLLM \((\w+)\) generates with the trained weights")
-
-
 def grpo_run(tmp_path: Path, *overrides: str):
     result = grpo("run", f"run.root={tmp_path / 'runs'}", *overrides, env=ENV, cwd=tmp_path, timeout=900)
     found = re.search(r"run directory: (\S+)", result.stdout)
     return result, Path(found.group(1)) if found else None
-
-
-def assert_generation_followed_training(run_dir: Path, steps: int) -> None:
-    records = [r for r in metrics_records(run_dir) if LOGP_DIFFERENCE in r]
-    assert [r["step"] for r in records] == list(range(1, steps + 1))
-    # Every step generated with the weights of the step before: the trainer and vLLM agree to float32 precision
-    # while training moves the weights (the loss is not zero throughout).
-    assert max(r[LOGP_DIFFERENCE] for r in records) < 1e-4, [r[LOGP_DIFFERENCE] for r in records]
-    assert any(abs(r["loss"]) > 0 for r in records)
 
 
 def vllm_processes() -> list[psutil.Process]:
@@ -41,22 +28,6 @@ def vllm_processes() -> list[psutil.Process]:
         if "vllm serve" in cmd or "vllm.entrypoints" in cmd:
             found.append(p)
     return found
-
-
-def test_server_placement_trains_against_a_real_server(tmp_path):
-    result, run_dir = grpo_run(tmp_path, "recipe=tiny-cpu-server")
-    assert result.returncode == 0, result.stdout[-4000:]
-    plan_argv = (run_dir / "launch.sh").read_text()
-    assert "vllm serve model --host 127.0.0.1 --port 8000" in plan_argv  # what the plan showed is what ran
-    assert "vllm is ready" in result.stdout and result.stdout.index("vllm is ready") < result.stdout.index(
-        "started trainer")
-    assert_generation_followed_training(run_dir, steps=12)
-    log = (run_dir / "logs" / "trainer.log").read_text()
-    assert SYNC_CHECK.findall(log) == ["server"]  # after the run: the server serves the final weights
-    assert sorted(re.findall(r"rank (\d) of 2", log)) == ["0", "1"]  # both trainer ranks ran
-    engine = final_metrics(run_dir, "vllm")
-    assert total(engine, "vllm:request_success_total") >= 12 * 32  # 12 steps x 32 completions, from the engine
-    assert (run_dir / "weight-sync" / "model.safetensors").is_file()
 
 
 def test_colocate_runs_vllm_inside_both_ranks(tmp_path):
