@@ -23,7 +23,7 @@ NO_BUFFER = 1.0  # DeepSpeed's additional_buffer_factor (1.5 by default) is a sa
 
 @pytest.fixture(scope="module")
 def base():
-    return compose(["recipe=qwen72b-server"])
+    return compose(["recipe=qwen72b-server", "vllm.tensor_parallel_size=2"])  # a TP every model here splits
 
 
 def _plan(base, model, zero, nodes):
