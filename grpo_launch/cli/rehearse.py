@@ -109,8 +109,8 @@ def print_report(console: Console, recipe: str, features: tuple[Feature, ...], c
                       Text(f.status, style=STATUS_STYLE[f.status]), f.why)
     console.print(table)
     if code == 0:
-        steps = curves.read_metrics(run_dir)[-1]["step"] if run_dir is not None and curves.read_metrics(run_dir) \
-            else "every"
+        records = curves.read_metrics(run_dir) if run_dir is not None else []
+        steps = records[-1]["step"] if records else "every"
         console.print(f"[bold green]rehearsal passed[/]: the whole process graph ran, {steps} steps trained")
         return
     if result is not None and result.failures:
