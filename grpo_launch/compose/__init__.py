@@ -149,19 +149,37 @@ def _hydra_compose(dirs: list[Path], groups: list[str]) -> tuple[Any, dict[str, 
     return cfg, choices
 
 
-def _typed(cfg: Any, keys: list[Any]) -> schema.Config:
-    """The composed config with the key overrides applied, as the typed `Config`."""
+def _interpolated(cfg: Any) -> bool:
+    """Whether any value of a composed config, as written before it is resolved, holds an interpolation, `${...}`."""
+    from omegaconf import OmegaConf
+
+    pending = [OmegaConf.to_container(cfg, resolve=False)]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str) and "${" in value:
+            return True
+        if isinstance(value, dict):
+            pending += [*value.keys(), *value.values()]
+        elif isinstance(value, list):
+            pending += value
+    return False
+
+
+def _typed(cfg: Any, keys: list[Any]) -> tuple[schema.Config, bool]:
+    """The composed config with the key overrides applied, as the typed `Config`, and whether it held an
+    interpolation (whose value, a resolver's, may differ the next time: such a composition is never cached)."""
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         _apply_key_overrides(cfg, keys)
+        interpolated = _interpolated(cfg)
         config = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         raise _user_error(e, [o.input_line for o in keys]) from None
     assert isinstance(config, schema.Config)
-    return config
+    return config, interpolated
 
 
 def _omegaconf_cause(e: BaseException) -> Any:
@@ -267,13 +285,14 @@ class Composer:
         overrides = tuple(overrides)
         entry = cache.key(self.cache_inputs, overrides) if self.cache_inputs is not None else None
         cached = cache.load(entry) if entry else None
+        interpolated = False
         if cached:
             config, choices = cached
         else:
             groups, keys = _translate_overrides(overrides, self.dirs)
             cfg, choices = self._groups(groups, Origins(tuple(self.dirs), None, overrides))
             try:
-                config = _typed(cfg, keys)
+                config, interpolated = _typed(cfg, keys)
             except UserError as e:
                 raise Origins(tuple(self.dirs), tuple(choices.items()), overrides).locate(e) from None
         origins = Origins(tuple(self.dirs), tuple(choices.items()), overrides)
@@ -282,7 +301,7 @@ class Composer:
             trl_fields.check_trainer_names(config.trainer)
         except UserError as e:
             raise origins.locate(e, config) from None
-        if entry and not cached and self.store:
+        if entry and not cached and not interpolated and self.store:
             cache.store(entry, dataclasses.asdict(config), choices)
         return Composed(recipe=choices["recipe"], config=config, overrides=overrides, choices=choices,
                         origins=origins)
