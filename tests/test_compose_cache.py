@@ -100,7 +100,7 @@ def test_an_edit_that_keeps_size_and_mtime_is_seen(tmp_path):
 
 
 def test_an_undecodable_unrelated_recipe_file_does_not_stop_planning(tmp_path, capsys):
-    d = _user_recipe(tmp_path, "rewards:\n  - fn: sevens\n")
+    d = _user_recipe(tmp_path, "rewards:\n  - fn: sevens\ntrainer:\n  max_completion_length: 8\n")
     (d / "recipe" / "binary.yaml").write_bytes(b"\xff\xfe\x00 not text")
     assert main(["plan", "--json", "--recipes-dir", str(d)]) == 0
     assert main(["plan", "--json", "recipe=mine", "--recipes-dir", str(d)]) == 0

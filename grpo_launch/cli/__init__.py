@@ -9,12 +9,14 @@ from grpo_launch.errors import EXIT_USER_ERROR, UserError
 
 
 def render_error(error: UserError) -> None:
+    """The error as the user wrote its values: they are never rich markup (`[bold]`, `[/]`)."""
     from rich.console import Console
+    from rich.text import Text
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
-    console.print(f"[bold red]error:[/] {error.message}", markup=True)
+    console.print(Text.assemble(("error:", "bold red"), f" {error.message}"))
     if error.hint:
-        console.print(f"  [dim]hint:[/] {error.hint}", markup=True)
+        console.print(Text.assemble("  ", ("hint:", "dim"), f" {error.hint}"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,17 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+MAX_GRACE_S = 600.0
+
+
+def _grace(seconds: float) -> float:
+    if not 0 <= seconds <= MAX_GRACE_S:  # nan fails this too
+        raise typer.BadParameter(f"{seconds:g} is not a number of seconds from 0 to {MAX_GRACE_S:g}")
+    return seconds
+
+
+GraceOption = typer.Option(15.0, "--grace", metavar="S", callback=_grace, help="Seconds between SIGTERM and SIGKILL "
+                                                                               "when stopping (0 to 600).")
 RecipesDirOption = typer.Option(
     None, "--recipes-dir", metavar="DIR",
     help="Add a directory of recipes (its recipe/, cluster/, model/, ... folders) ahead of the shipped ones; "

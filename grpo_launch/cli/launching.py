@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.markup import escape
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -47,7 +49,7 @@ def launch_local(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir
 
     prepared = prepare_node(the_plan, nodes, console)  # addresses, ports, environment: before anything is written
     run_dir = materialize(composed, the_plan, dirs, run_dir=run_dir, join=join).resolve()
-    console.print(f"[bold]run directory[/] {run_dir}")
+    console.print(f"[bold]run directory[/] {escape(str(run_dir))}")
     if join and the_plan.nodes > 1:
         console.print(f"[yellow]node {nodes[0]} of {the_plan.nodes}: start the others (`grpo run --node-rank K`, the "
                       f"same run.dir) within run.rendezvous_timeout_s[/]")
@@ -66,8 +68,8 @@ def _finish(run_dir: Path, code: int, console: Console, curve: Path | None, *, d
     if records:
         console.print(f"[bold]metrics[/] {curves.summary(records)}")
         if curve is not None:
-            console.print(f"[bold]reward curve[/] {curve}")
-    console.print(f"[bold]{'done' if code == 0 else 'failed'}[/] run directory: {run_dir}")
+            console.print(f"[bold]reward curve[/] {escape(str(curve))}")
+    console.print(f"[bold]{'done' if code == 0 else 'failed'}[/] run directory: {escape(str(run_dir))}")
 
 
 # scheduler: (where its nodes find the run directory, what to do where the scheduler is not installed)
@@ -93,10 +95,10 @@ def submit(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path
 
     where, missing = SCHEDULED[the_plan.scheduler.kind]
     run_dir = materialize(composed, the_plan, dirs, run_dir=run_dir).resolve()
-    console.print(f"[bold]run directory[/] {run_dir} ({where})")
+    console.print(f"[bold]run directory[/] {escape(str(run_dir))} ({where})")
     if shutil.which(the_plan.scheduler.submit[0]) is None:
-        console.print(f"[yellow]{missing}[/]\n  cd {shlex.quote(str(run_dir))} && "
-                      f"{shlex.join(the_plan.scheduler.submit)}")
+        console.print(f"[yellow]{missing}[/]\n  " + escape(f"cd {shlex.quote(str(run_dir))} && "
+                                                            f"{shlex.join(the_plan.scheduler.submit)}"))
         return 0
     if the_plan.scheduler.kind == "slurm":
         code = slurm.submit_and_follow(the_plan, run_dir, console, poll_s=composed.config.scheduler.slurm.poll_s)

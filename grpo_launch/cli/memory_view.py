@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -54,7 +55,7 @@ def _table(title: str, budgets: tuple[Budget, ...], unit: str) -> Table:
         for name in names:
             cells = [f"{phases[ph][name].gib:.1f}" if name in phases.get(ph, {}) else "-" for ph in phase_names]
             detail = next(phases[ph][name].detail for ph in phase_names if name in phases.get(ph, {}))
-            table.add_row(f"  {name}", *cells, detail)
+            table.add_row(f"  {name}", *cells, Text(detail))
         binding = budget.binding.name
         style = "bold green" if budget.fits else "bold red"
         totals = [Text(f"{p.total_gib:.1f}", style=style if p.name == binding else "bold")
@@ -79,12 +80,13 @@ def print_memory(memory: MemoryEstimate | None, console: Console) -> None:
     if memory is None:
         return
     for note in memory.notes:
-        console.print(f"[bold]memory[/]    {note}")
+        console.print(f"[bold]memory[/]    {escape(note)}")
     if not memory.estimated:
         return
     trainable = "" if memory.trainable_parameters == memory.parameters else \
         f", {parameter_count(memory.trainable_parameters)} trainable (LoRA)"
-    console.print(f"[bold]memory[/]    {memory.model} ({memory.source}): {parameter_count(memory.parameters)} "
+    console.print(f"[bold]memory[/]    {escape(memory.model)} ({escape(memory.source)}): "
+                  f"{parameter_count(memory.parameters)} "
                   f"parameters{trainable}; " + ("[green]fits[/]" if memory.fits else "[bold red]does not fit[/]"))
     if memory.gpus:
         console.print(_table("memory per GPU (peak of each phase)", memory.gpus, "GPU"))
@@ -94,9 +96,9 @@ def print_memory(memory: MemoryEstimate | None, console: Console) -> None:
 def print_advice(advice: Advice, console: Console) -> None:
     if not advice.suggestions:
         why = advice.skipped or "no layout of this cluster fits by the estimate"
-        console.print(f"[bold]suggestions[/] none: {why}")
+        console.print(f"[bold]suggestions[/] none: {escape(why)}")
         return
-    freed = f" (changing {' '.join(advice.freed)}: nothing fits with it)" if advice.freed else ""
+    freed = f" (changing {escape(' '.join(advice.freed))}: nothing fits with it)" if advice.freed else ""
     console.print(f"[bold]suggestions[/] layouts that fit{freed}, best first by the throughput proxy: {PROXY_ORDER}")
     for i, s in enumerate(advice.suggestions, 1):
         overrides = " ".join(s.overrides) or "(this plan as it is)"

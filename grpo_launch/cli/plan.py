@@ -41,16 +41,22 @@ def plan(
                                   "group) and print one table, a row per layout, refused ones with their reason."),
     sort: str | None = typer.Option(None, "--sort", metavar="COLUMN", help="With -m: order the rows by a column, "
                                     "best first (throughput, headroom, ranks, fits, vllm-gpus, or a swept key)."),
+    max_combinations: int | None = typer.Option(None, "--max-combinations", metavar="N", min=1, help="With -m: "
+                                                "the most combinations a sweep may plan (default 1000); a sweep of "
+                                                "more is refused before any is planned."),
     recipes_dir: list[str] | None = RecipesDirOption,
 ) -> None:
-    """Resolve a recipe into the plan: each GPU's role, each process's command and environment, the files."""
+    """Resolve a recipe into the plan: each GPU's role, each process's command and environment, the files. Every
+    check runs but those that read your files (reward files and modules, a files dataset, a local model), which the
+    plan names as left to `grpo run` (and `grpo run --dry-run`)."""
+    from grpo_launch.cli.user_files import file_checks
     from grpo_launch.compose import compose
     from grpo_launch.errors import UserError
     from grpo_launch.plan import build_plan
 
     if multirun:
         return _sweep(overrides or [], recipes_dir or [], as_json=as_json, sort=sort, dry_run=dry_run,
-                      suggest=suggest)
+                      suggest=suggest, limit=max_combinations)
     if sort is not None:
         raise UserError("--sort orders the rows of a sweep", key="--sort", hint="use it with -m")
     composed = compose(overrides or [], recipes_dir or [])
@@ -62,15 +68,25 @@ def plan(
         advice = advise(composed, the_plan)
         if not (force or suggest):
             check_fit(composed, the_plan, advice)  # a misfit is an error; --suggest shows the tables first
+    left = file_checks(composed, the_plan)
     if as_json:
         data = the_plan.to_json()
         if suggest:
             data["suggestions"] = [{"overrides": list(s.overrides), "summary": s.summary} for s in advice.suggestions]
+        if left:
+            data["left_to_run"] = [{"key": c.key, "check": c.what} for c in left]
         typer.echo(json.dumps(data, indent=2))
     else:
+        from rich.console import Console
+        from rich.text import Text
+
         from grpo_launch.cli.plan_view import print_plan
 
-        print_plan(the_plan, show_files=dry_run)
+        console = Console(highlight=False)
+        print_plan(the_plan, show_files=dry_run, console=console)
+        for c in left:
+            console.print(Text.assemble(("left to grpo run", "bold"), f" (it reads your files) {c.key}: {c.what}"),
+                          soft_wrap=True)
         if suggest:
             from rich.console import Console
 
@@ -82,8 +98,8 @@ def plan(
 
 
 def _sweep(overrides: list[str], recipes_dir: list[str], *, as_json: bool, sort: str | None, dry_run: bool,
-           suggest: bool) -> None:
-    from grpo_launch.compose.sweep import compose_sweep
+           suggest: bool, limit: int | None) -> None:
+    from grpo_launch.compose.sweep import MAX_COMBINATIONS, compose_sweep
     from grpo_launch.errors import UserError
     from grpo_launch.plan.sweep import plan_sweep, sort_rows
 
@@ -91,7 +107,7 @@ def _sweep(overrides: list[str], recipes_dir: list[str], *, as_json: bool, sort:
         if given:
             raise UserError(f"{flag} shows one plan; -m compares many", key=flag,
                             hint=f"pick a row of the sweep and run grpo plan {flag} with its overrides")
-    sweep, composed = compose_sweep(overrides, recipes_dir)
+    sweep, composed = compose_sweep(overrides, recipes_dir, limit=limit or MAX_COMBINATIONS)
     rows = plan_sweep(sweep, composed)
     if sort is not None:
         rows = sort_rows(rows, sort, sweep.keys)

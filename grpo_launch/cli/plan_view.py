@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -39,7 +40,7 @@ def processes_table(plan: Plan) -> Table:
     for p in plan.processes:
         gpus = ",".join(map(str, p.gpus)) if p.gpus else "-"
         table.add_row(Text(p.name, style=ROLE_STYLE.get(p.role, "")), str(p.node), gpus,
-                      str(p.port or "-"), ", ".join(p.depends_on) or "-", command_line(p))
+                      str(p.port or "-"), Text(", ".join(p.depends_on) or "-"), Text(command_line(p)))
     return table
 
 
@@ -47,17 +48,17 @@ def _scheduler(plan: Plan, console: Console) -> None:
     """Who starts what on which node, and how each process learns its node's rank and the addresses."""
     s = plan.scheduler
     job = f" · job file {s.job_file} · submitted with `{' '.join(s.submit)}` in the run directory" if s.job_file else ""
-    console.print(f"[bold]scheduler[/] {s.kind}{job}")
+    console.print(f"[bold]scheduler[/] {escape(s.kind + job)}")
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("", "nodes", "processes", "started by", "ends"):
         table.add_column(col, overflow="fold")
     for g in s.groups:
         nodes = ",".join(map(str, g.nodes))
-        table.add_row(g.name, nodes, ", ".join(g.processes) or "-", g.command, g.ends)
+        table.add_row(*map(Text, (g.name, nodes, ", ".join(g.processes) or "-", g.command, g.ends)))
     console.print(table)
-    console.print(f"[bold]node rank[/] {s.node_rank}")
-    console.print(f"[bold]addresses[/] {s.addresses}: " +
-                  ", ".join(f"node {n} {host}" for n, host in enumerate(plan.hosts)))
+    console.print(f"[bold]node rank[/] {escape(s.node_rank)}")
+    console.print("[bold]addresses[/] " + escape(f"{s.addresses}: " + ", ".join(f"node {n} {host}"
+                                                                             for n, host in enumerate(plan.hosts))))
 
 
 def vllm_settings_line(v: VllmSettings) -> str:
@@ -71,7 +72,7 @@ def vllm_settings_line(v: VllmSettings) -> str:
 def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None = None) -> None:
     console = console or Console(highlight=False)
     devices = "CPU process" if plan.accelerator == "cpu" else f"GPU ({plan.gpu_type} {plan.gpu_memory_gib:g}GB)"
-    console.print(f"[bold]{plan.recipe}[/] · placement={plan.placement} · {plan.nodes} node × "
+    console.print(f"[bold]{escape(plan.recipe)}[/] · placement={plan.placement} · {plan.nodes} node × "
                   f"{plan.gpus_per_node} {devices} · {plan.parallelism} · {plan.launcher} · {plan.world_size} "
                   f"trainer rank(s)")
     console.print()
@@ -79,13 +80,13 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
     console.print()
     v = plan.vllm
     if v.enabled:
-        console.print(f"[bold]vllm[/]      {v.engine}: {vllm_settings_line(v)}")
+        console.print(f"[bold]vllm[/]      {escape(f'{v.engine}: {vllm_settings_line(v)}')}")
     else:
-        console.print(f"[bold]generation[/] {v.engine}")
+        console.print(f"[bold]generation[/] {escape(v.engine)}")
     b = plan.batch
-    console.print("[bold]batch[/]     " + ", ".join(f"{k}={val}" for k, val in b.items()))
+    console.print("[bold]batch[/]     " + escape(", ".join(f"{k}={val}" for k, val in b.items())))
     console.print(f"[bold]trainer[/]   TRL {plan.trainer_class}(" +
-                  ", ".join(f"{k}={val!r}" for k, val in plan.trainer_args.items()) + ")")
+                  escape(", ".join(f"{k}={val!r}" for k, val in plan.trainer_args.items())) + ")")
     console.print()
     console.print(processes_table(plan))
     console.print()
@@ -93,10 +94,10 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
     console.print()
     print_memory(plan.memory, console)
     console.print()
-    console.print("[bold]files[/]     " + "  ".join(plan.files))
+    console.print("[bold]files[/]     " + escape("  ".join(plan.files)))
     for warning in plan.warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
     if show_files:
         for name, document in plan.files.items():
-            console.rule(name)
+            console.rule(escape(name))
             console.print(document_text(name, document), markup=False, soft_wrap=True)

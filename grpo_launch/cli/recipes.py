@@ -32,6 +32,7 @@ def recipes_list(ctx: typer.Context, recipes_dir: list[str] | None = RecipesDirO
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from grpo_launch.compose import recipes
 
@@ -40,7 +41,8 @@ def recipes_list(ctx: typer.Context, recipes_dir: list[str] | None = RecipesDirO
     table.add_column("description")
     table.add_column("from", style="dim")
     for info in recipes.list_recipes(recipes.search_path(recipes_dir or [])):
-        table.add_row(info.name, info.description, "shipped" if info.shipped else str(info.path.parent.parent))
+        table.add_row(*map(Text, (info.name, info.description, "shipped" if info.shipped else
+                                  str(info.path.parent.parent))))
     Console(soft_wrap=False).print(table)
 
 
@@ -73,13 +75,20 @@ def recipes_new(
     source: str = typer.Option(..., "--from", help="Recipe to copy."),
     to: Path | None = typer.Option(None, "--to", help="Recipes directory to write into; default: the user "
                                                        "directory (~/.config/grpo-launch/recipes)."),
+    force: bool = typer.Option(False, "--force", help="Write it even when a recipe of that name exists on the search "
+                                                      "path (a shipped one too), which the copy then shadows or is "
+                                                      "shadowed by."),
 ) -> None:
-    """Copy a recipe into a user directory to edit (like `tune cp`); it then shadows nothing and is found by name."""
+    """Copy a recipe into a user directory to edit (like `tune cp`), found by its new name. A name that a recipe on
+    the search path has already (a shipped one too) is refused without --force: the copy would shadow that recipe,
+    or be shadowed by it."""
     from grpo_launch.compose import recipes
 
     dest_root = to or recipes.user_dir()
-    dest = recipes.copy_recipe(recipes.search_path(ctx.obj or []), source, name, dest_root)
+    dest, shadowing = recipes.copy_recipe(recipes.search_path(ctx.obj or []), source, name, dest_root, force=force)
     typer.echo(f"wrote {dest}")
+    if shadowing:
+        typer.echo(f"note: {shadowing}")
     if to is not None:
         typer.echo(f"use it with: grpo plan recipe={name} --recipes-dir {to}")
     else:

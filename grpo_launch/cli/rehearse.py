@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from grpo_launch.cli.app import RecipesDirOption, app
+from grpo_launch.cli.app import GraceOption, RecipesDirOption, app
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -37,7 +37,7 @@ STATUS_STYLE = {"kept": "green", "shrunk": "yellow", "could not": "red"}
 def rehearse(
     overrides: list[str] | None = typer.Argument(
         None, metavar="[recipe=NAME] [KEY=VALUE]...", help="Hydra overrides, as for `grpo plan` and `grpo run`."),
-    grace_s: float = typer.Option(15.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping."),
+    grace_s: float = GraceOption,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every line the processes print."),
     recipes_dir: list[str] | None = RecipesDirOption,
 ) -> None:
@@ -51,9 +51,11 @@ def rehearse(
 
 def rehearse_recipe(overrides: list[str], dirs: list[str], *, grace_s: float, verbose: bool) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from grpo_launch.cli.launching import launch_local, nodes_to_run, submit
     from grpo_launch.cli.plan_view import print_plan, processes_table
+    from grpo_launch.cli.user_files import check_user_files
     from grpo_launch.compose import anchored, compose
     from grpo_launch.materialize import new_run_dir
     from grpo_launch.plan import build_plan
@@ -63,7 +65,8 @@ def rehearse_recipe(overrides: list[str], dirs: list[str], *, grace_s: float, ve
     console = Console(highlight=False)
     composed = anchored(compose(overrides, dirs, store=False), Path.cwd())
     real = build_plan(composed)
-    console.rule(f"the recipe: {composed.recipe}")
+    check_user_files(composed, real)
+    console.rule(escape(f"the recipe: {composed.recipe}"))
     print_plan(real, console=console)
     if not real.memory.fits:
         console.print("[bold red]the recipe's own plan does not fit in memory[/] (above): the rehearsal runs its "
@@ -75,7 +78,7 @@ def rehearse_recipe(overrides: list[str], dirs: list[str], *, grace_s: float, ve
     the_plan = dataclasses.replace(the_plan, files={**the_plan.files, **rehearsal.files})
     check_fit(rehearsed, the_plan)
     features = (*rehearsal.features, processes_feature(real, the_plan))
-    console.rule(f"the rehearsal: {rehearsed.recipe}")
+    console.rule(escape(f"the rehearsal: {rehearsed.recipe}"))
     console.print(processes_table(the_plan))
     target = new_run_dir(rehearsed)
     # This process's own caches stay out of ~ too: matplotlib's fonts (for the reward curve) go into the run
@@ -95,18 +98,19 @@ def rehearse_recipe(overrides: list[str], dirs: list[str], *, grace_s: float, ve
 
 def print_report(console: Console, recipe: str, features: tuple[Feature, ...], code: int, result: RunResult | None,
                  run_dir: Path | None) -> None:
+    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
     from grpo_launch.launch import curves
 
-    console.rule(f"rehearsal report: {recipe}")
+    console.rule(escape(f"rehearsal report: {recipe}"))
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("feature", "the recipe", "the rehearsal", "status", "why"):
         table.add_column(column, overflow="fold")
     for f in features:
-        table.add_row(f.name, f.real, f.rehearsal if f.status != "kept" else "as is",
-                      Text(f.status, style=STATUS_STYLE[f.status]), f.why)
+        table.add_row(Text(f.name), Text(str(f.real)), Text(str(f.rehearsal) if f.status != "kept" else "as is"),
+                      Text(f.status, style=STATUS_STYLE[f.status]), Text(f.why))
     console.print(table)
     if code == 0:
         records = curves.read_metrics(run_dir) if run_dir is not None else []
@@ -115,10 +119,10 @@ def print_report(console: Console, recipe: str, features: tuple[Feature, ...], c
         return
     if result is not None and result.failures:
         first = result.failures[0]
-        console.print(f"[bold red]rehearsal failed[/] in {first.process}"
-                      + (f", {first.rank_error.where}" if first.rank_error else "")
-                      + f": {first.rank_error.error if first.rank_error else first.reason}")
-        console.print(f"  its log: {first.log}")
+        console.print("[bold red]rehearsal failed[/] " + escape(
+            f"in {first.process}" + (f", {first.rank_error.where}" if first.rank_error else "")
+            + f": {first.rank_error.error if first.rank_error else first.reason}"))
+        console.print(f"  its log: {escape(str(first.log))}")
     else:
         console.print(f"[bold red]rehearsal failed[/] with exit code {code}")
     console.print("  the real run would fail the same way: fix it before the GPUs are paid for")

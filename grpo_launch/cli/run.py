@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from grpo_launch.cli.app import RecipesDirOption, app
+from grpo_launch.cli.app import GraceOption, RecipesDirOption, app
 
 EXAMPLES = """
 [bold]Examples[/]
@@ -38,17 +38,52 @@ def config_changes(old: dict, new: dict) -> list[str]:
             if a.get(k) != b.get(k)]
 
 
-def _resume_inputs(run_dir: Path, overrides: list[str], recipes_dir: list[str]) -> tuple[list[str], list[str]]:
+def _stored(run_dir: Path) -> tuple[dict, dict]:
+    """(overrides.yaml, config.yaml) of a run directory, each a mapping, or a `UserError` saying what is missing."""
     import yaml
 
-    from grpo_launch.contracts.rundir import OVERRIDES_FILE
+    from grpo_launch.compose.recipes import yaml_problem
+    from grpo_launch.contracts.rundir import CONFIG_FILE, OVERRIDES_FILE
     from grpo_launch.errors import UserError
 
-    stored_file = run_dir / OVERRIDES_FILE
-    if not stored_file.is_file():
-        raise UserError(f"{run_dir} is not a grpo-launch run directory (no {OVERRIDES_FILE})", key="--resume")
-    stored = yaml.safe_load(stored_file.read_text())
-    return (overrides or list(stored["overrides"])), (recipes_dir or list(stored["recipes_dirs"]))
+    docs = []
+    for name, needed in ((OVERRIDES_FILE, ("recipe", "overrides", "recipes_dirs")), (CONFIG_FILE, ("choices",))):
+        path = run_dir / name
+        if not path.is_file():
+            raise UserError(f"{run_dir} is not a grpo-launch run directory (no {name})", key="--resume",
+                            hint="give the directory `grpo run` printed as its run directory")
+        try:
+            doc = yaml.safe_load(path.read_bytes())
+        except (OSError, ValueError, yaml.YAMLError) as e:
+            raise UserError(f"{path} cannot be read: {yaml_problem(e)}", key="--resume",
+                            hint=f"restore {name} as `grpo run` wrote it") from None
+        if not isinstance(doc, dict) or any(k not in doc for k in needed) or \
+                not all(isinstance(doc.get(k, []), list) for k in ("overrides", "recipes_dirs")):
+            raise UserError(f"{path} is not the {name} `grpo run` writes (a mapping with {', '.join(needed)})",
+                            key="--resume", hint=f"restore {name} as `grpo run` wrote it")
+        docs.append(doc)
+    return docs[0], docs[1]
+
+
+def _resumed(run_dir: Path, overrides: list[str], recipes_dir: list[str]) -> tuple[list[str], list[str], dict]:
+    """What a resumed run composes: the stored overrides and then the given ones, the given recipe directories ahead
+    of the stored ones; and the config the run had. The run's recipe, scheduler and run directory stay."""
+    from grpo_launch.compose.grammar import parse_override
+    from grpo_launch.errors import UserError
+
+    stored, old = _stored(run_dir)
+    kept = {"recipe": stored["recipe"], "scheduler": old["choices"].get("scheduler"),
+            "scheduler.kind": (old.get("scheduler") or {}).get("kind"), "run.dir": str(run_dir),
+            "run.root": (old.get("run") or {}).get("root")}
+    for text in overrides:
+        o = parse_override(text)
+        key = o.key_or_group
+        if key in kept and (o.is_delete() or str(o.value()) not in (kept[key], str(kept[key]))):
+            raise UserError(f"--resume continues {run_dir} with {key}={kept[key]}; '{text}' would change it", key=key,
+                            hint="a resumed run keeps its recipe, scheduler and run directory: start a new run for "
+                                 "another")
+    return ([*map(str, stored["overrides"]), *overrides], list(dict.fromkeys([*recipes_dir,
+                                                                             *map(str, stored["recipes_dirs"])])), old)
 
 
 @app.command(epilog=EXAMPLES)
@@ -57,14 +92,15 @@ def run(
         None, metavar="[recipe=NAME] [KEY=VALUE]...", help="Hydra overrides, as for `grpo plan`."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every command and file; write and start nothing."),
     resume: Path | None = typer.Option(
-        None, "--resume", metavar="RUN_DIR", help="Continue a run from its newest checkpoint, with the same config "
-                                                  "(its stored overrides when you give none)."),
+        None, "--resume", metavar="RUN_DIR", help="Continue a run from its newest checkpoint, with its stored "
+                                                  "overrides; KEY=VALUE adds to them (a changed value needs --force). "
+                                                  "The run's recipe, scheduler and run directory stay."),
     force: bool = typer.Option(False, "--force", help="Launch even when the memory estimate says the layout does not "
                                "fit; with --resume, also accept a config that changed since the run."),
     node_rank: int | None = typer.Option(
         None, "--node-rank", metavar="K", help="Start only node K's processes: on each machine of a multi-node plan "
                                                "whose nodes are other machines (the same run.dir on shared storage)."),
-    grace_s: float = typer.Option(15.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping."),
+    grace_s: float = GraceOption,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every line the processes print (TRL's raw "
                                  "log records and progress bars too) instead of the compact training view."),
     multirun: bool = typer.Option(False, "-m", "--multirun", help="Refused: grpo run starts one run at a time; "
@@ -76,11 +112,12 @@ def run(
 ) -> None:
     """Train: write the run directory, start every process of the plan in order, stop them all together."""
     from rich.console import Console
+    from rich.markup import escape
 
+    from grpo_launch.cli.user_files import check_user_files
     from grpo_launch.compose import anchored, compose
-    from grpo_launch.contracts.rundir import CONFIG_FILE
     from grpo_launch.errors import UserError
-    from grpo_launch.materialize import config_document, new_run_dir, run_files
+    from grpo_launch.materialize import check_run_dir, config_document, new_run_dir, run_files
     from grpo_launch.plan import build_plan
 
     if multirun:
@@ -100,8 +137,9 @@ def run(
         if code:
             raise typer.Exit(code)
         return
+    old = None
     if resume is not None:
-        overrides, dirs = _resume_inputs(resume, overrides, dirs)
+        overrides, dirs, old = _resumed(resume, overrides, dirs)
     composed = anchored(compose(overrides, dirs), Path.cwd())
     the_plan = build_plan(composed)
     if not force:
@@ -111,29 +149,33 @@ def run(
     from grpo_launch.cli.launching import nodes_to_run
 
     nodes = nodes_to_run(the_plan, node_rank)
-    console = Console(highlight=False)
-    if resume is not None:
-        import yaml
-
-        old = yaml.safe_load((resume / CONFIG_FILE).read_text())
+    if old is not None:
         changes = config_changes(old, config_document(composed))
         if changes and not force:
             raise UserError(f"the config changed since {resume} ran:\n    " + "\n    ".join(changes),
                             key="--resume", hint="resume with the same config, or add --force to accept the change")
+    target = resume or new_run_dir(composed)
+    check_user_files(composed, the_plan)
+    try:
+        check_run_dir(composed, target)
+    except UserError as e:
+        raise composed.origins.locate(e, composed.config) from None
+    console = Console(highlight=False)
     if dry_run:
-        target = resume or new_run_dir(composed)
-        console.print(f"[bold]would write[/] {target}/ (dry run: nothing is written or started)")
+        console.print(f"[bold]would write[/] {escape(str(target))}/ (dry run: nothing is written or started)")
         from grpo_launch.plan.launch_script import command_line
 
         for step in the_plan.prepare:
-            console.print(f"[bold]prepare[/] {step.name}: {' '.join(step.argv)}", markup=True)
+            console.print(f"[bold]prepare[/] {escape(step.name)}: {escape(' '.join(step.argv))}")
         for p in the_plan.processes:
-            console.print(f"[bold]start[/] {p.name} (node {p.node}): {command_line(p)}", soft_wrap=True)
+            console.print(f"[bold]start[/] {escape(p.name)} (node {p.node}): {escape(command_line(p))}",
+                          soft_wrap=True)
         for name, text in run_files(composed, the_plan, dirs).items():
-            console.rule(name)
+            console.rule(escape(name))
             console.print(text, markup=False, soft_wrap=True)
         if the_plan.scheduler.submit:
-            console.print(f"[bold]would then run[/] {' '.join(the_plan.scheduler.submit)} (in the run directory)")
+            console.print(f"[bold]would then run[/] {escape(' '.join(the_plan.scheduler.submit))} (in the run "
+                          f"directory)")
         return
     from grpo_launch.cli.launching import launch_local, submit
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -39,7 +40,7 @@ def _table(keys: tuple[str, ...], rows: list[Row], *, numbered: bool, notes: boo
     columns += [(key, "left") for key in keys] + [("ranks", "right"), ("vLLM GPUs", "right"), ("binds", "left"),
                                                   ("headroom GiB", "right"), ("fits", "left"), ("throughput", "left")]
     for name, justify in columns:  # numbered: a narrow terminal, where cells wrap rather than lose their ends
-        table.add_column(name, justify=justify, no_wrap=not numbered or name == "#", overflow="fold")
+        table.add_column(Text(name), justify=justify, no_wrap=not numbered or name == "#", overflow="fold")
     if notes:
         table.add_column("note", min_width=NOTE_WIDTH)
     for n, row in enumerate(rows, 1):
@@ -52,7 +53,7 @@ def print_sweep(keys: tuple[str, ...], rows: list[Row], console: Console | None 
     console = console or Console(highlight=False)
     planned = [r for r in rows if r.plan is not None]
     fitting = [r for r in planned if r.fits]
-    swept = ", ".join(keys) or "(nothing swept)"
+    swept = escape(", ".join(keys) or "(nothing swept)")
     console.print(f"[bold]{len(rows)} combination{'s' * (len(rows) != 1)}[/] of {swept} · {len(planned)} planned, "
                   f"{len(fitting)} fit, {len(rows) - len(planned)} refused")
     # The notes (why a layout is refused, its first warning) in a column when the terminal is wide enough, else

@@ -25,7 +25,8 @@ import yaml
 
 from grpo_launch.compose import cache, recipes, schema, trl_fields
 from grpo_launch.compose.grammar import parse_override
-from grpo_launch.compose.origins import Origins
+from grpo_launch.compose.origins import Origins, dotted
+from grpo_launch.contracts.builtins import names_a_path
 from grpo_launch.errors import UserError, did_you_mean
 
 PRIMARY_DIR = Path(__file__).with_name("primary")  # config.yaml: one option per group, the schema first
@@ -76,9 +77,15 @@ def _translate_overrides(overrides: Sequence[str], dirs: list[Path]) -> tuple[li
                             hint="add recipe directories with --recipes-dir or $GRPO_RECIPES_PATH")
         if key.startswith("trainer.") and key.count(".") != 1:
             raise UserError(f"'{key}': trainer.* keys are TRL field names, one level deep", key=key)
+        free = schema.opens_mapping(key)
+        if o.is_delete() and not free:
+            raise UserError(f"'{text}': {key} is a key of the schema, which cannot be removed", key=key,
+                            hint=f"give it another value: {key}=... (null where it takes none)")
+        if (o.is_add() or o.is_force_add()) and not free and schema.type_at(dotted(key)) is None:
+            raise _unknown_key(key)  # OmegaConf would add it to the schema's section, and the typed config drop it
         plain = not (o.is_delete() or o.is_add() or o.is_force_add())
         # A free-form mapping's key may be new; anything else must exist in the schema, which OmegaConf checks.
-        keys.append(parse_override(f"++{text}") if plain and schema.opens_mapping(key) else o)
+        keys.append(parse_override(f"++{text}") if plain and free else o)
     return groups, keys
 
 
@@ -146,7 +153,17 @@ def _hydra_compose(dirs: list[Path], groups: list[str]) -> tuple[Any, dict[str, 
             del cfg["hydra"]
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
         raise _user_error(e, []) from None
+    except RecursionError:
+        raise UserError("cannot compose the recipe: Hydra recursed without end, on a file whose defaults list "
+                        "includes itself or on a value nested too deeply", key=None,
+                        hint="check the defaults lists of the recipe's group option files") from None
     return cfg, choices
+
+
+def _chosen_recipe(groups: list[str]) -> str:
+    """The recipe a composition with these group options reads: the one chosen, else the primary config's."""
+    chosen = [g.partition("=")[2].strip("'") for g in groups if g.startswith("recipe=")]
+    return chosen[-1] if chosen else recipes.primary_choices()["recipe"]
 
 
 def _interpolated(cfg: Any) -> bool:
@@ -178,6 +195,8 @@ def _typed(cfg: Any, keys: list[Any]) -> tuple[schema.Config, bool]:
         config = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         raise _user_error(e, [o.input_line for o in keys]) from None
+    except RecursionError:
+        raise UserError("cannot compose the recipe: a value is nested too deeply", key=None) from None
     assert isinstance(config, schema.Config)
     return config, interpolated
 
@@ -272,6 +291,7 @@ class Composer:
         key = tuple(groups)
         if key not in self._by_groups:
             try:
+                recipes.check_includes(self.dirs, _chosen_recipe(groups))
                 self._by_groups[key] = _hydra_compose(self.dirs, groups)
             except UserError as e:
                 self._by_groups[key] = e
@@ -314,11 +334,12 @@ def compose(overrides: Sequence[str] = (), recipe_dirs: Sequence[str | Path] = (
 def anchored(composed: Composed, cwd: Path) -> Composed:
     """The composition with the paths its processes read made absolute against `cwd`, where grpo was started: the
     processes run in the run directory. Reward files need none of this: they are copied into the run directory."""
-    data = composed.config.data
-    if data.source != "files":
+    config = composed.config
+    data, model = config.data, config.model
+    if data.source == "files":
+        data = dataclasses.replace(data, path=str(cwd / Path(data.path).expanduser()))  # an absolute path stays
+    if names_a_path(model.name_or_path):
+        model = dataclasses.replace(model, name_or_path=str(cwd / Path(model.name_or_path).expanduser()))
+    if (data, model) == (config.data, config.model):
         return composed
-    path = str(cwd / Path(data.path).expanduser())  # an absolute path stays as it is
-    if path == data.path:
-        return composed
-    config = dataclasses.replace(composed.config, data=dataclasses.replace(data, path=path))
-    return dataclasses.replace(composed, config=config)
+    return dataclasses.replace(composed, config=dataclasses.replace(config, data=data, model=model))

@@ -28,6 +28,7 @@ from grpo_launch.errors import UserError
 
 PACKAGE_HEADER = re.compile(r"^\s*#\s*@package\s+(\S+)")
 SCHEMA_DEFAULT = "the schema default"
+TRL_DEFAULT = "TRL's default"
 _ABSENT = object()
 
 
@@ -98,11 +99,6 @@ def _keys_of(path: Path, group: str) -> dict[str, Any]:
     return out
 
 
-def _primary_choices() -> dict[str, str]:
-    defaults = yaml.safe_load((Path(__file__).with_name("primary") / "config.yaml").read_text())["defaults"]
-    return {group: str(option) for entry in defaults if isinstance(entry, dict) for group, option in entry.items()}
-
-
 def _recipe_choices(path: Path) -> dict[str, str]:
     """The group options a recipe file chooses in its defaults list (`- override /cluster: cpu`)."""
     try:
@@ -138,7 +134,7 @@ class Origins:
         """(what set it, the keys it sets) of each option file, in Hydra's merge order."""
         choices = dict(self.choices) if self.choices is not None else self._guessed_choices()
         out = []
-        for group in _primary_choices():  # the primary config's defaults list: Hydra's merge order
+        for group in recipes.primary_choices():  # the primary config's defaults list: Hydra's merge order
             path = recipes.group_options(self.dirs, group).get(choices.get(group, ""))
             if path is not None:
                 label = f"recipe {choices[group]}" if group == "recipe" else f"{group} option {choices[group]}"
@@ -147,7 +143,7 @@ class Origins:
 
     def _guessed_choices(self) -> dict[str, str]:
         given = {key: value for key, value in self.command_line if key in recipes.GROUPS}
-        choices = _primary_choices()
+        choices = recipes.primary_choices()
         choices["recipe"] = given.get("recipe", choices["recipe"])
         recipe = recipes.group_options(self.dirs, "recipe").get(choices["recipe"])
         if recipe is not None:
@@ -177,9 +173,10 @@ class Origins:
         found = self.of(path)
         if found is None and schema.type_at(path) is None:
             return error
-        phrase, written = found or (SCHEMA_DEFAULT, _schema_default(path))
+        trl_default = found is None and path.startswith("trainer.")  # a TRL field nothing set
+        phrase, written = found or (TRL_DEFAULT if trl_default else SCHEMA_DEFAULT, _schema_default(path))
         value = value_at(config, path) if config is not None else _ABSENT
-        assignment = f"{error.key}={shown(written if value is _ABSENT else value)}"
+        assignment = error.key if trl_default else f"{error.key}={shown(written if value is _ABSENT else value)}"
         first, newline, rest = error.message.partition("\n")
         if mentioned := re.match(rf"{re.escape(error.key)}=[^\s:,;]*", first):
             first = f"{first[:mentioned.end()]} ({phrase}){first[mentioned.end():]}"

@@ -72,6 +72,28 @@ def check_option(dirs: Sequence[Path], group: str, name: str) -> Path:
     return options[name]
 
 
+def check_includes(dirs: Sequence[Path], name: str) -> None:
+    """A recipe chooses group options in its defaults list (`- override /cluster: cpu`); it does not include recipes,
+    itself or another: Hydra recurses without end on the first and merges the second out of sight of `grpo plan`'s
+    origins. Its entries are `_self_` and absolute group choices; a relative entry names a file of recipe/."""
+    path = group_options(dirs, "recipe").get(name)
+    try:
+        doc = yaml.safe_load(path.read_bytes()) if path is not None else None
+    except (OSError, ValueError, yaml.YAMLError):
+        return  # Hydra reports the file's own error
+    entries = doc.get("defaults") if isinstance(doc, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        for target in [entry] if isinstance(entry, str) else list(entry) if isinstance(entry, dict) else []:
+            group = str(target).removeprefix("override").strip()
+            if group == "_self_" or (group.startswith("/") and group.strip("/").split("/")[0] != "recipe"):
+                continue
+            shown = entry if isinstance(entry, str) else f"{target}: {entry[target]}"
+            raise UserError(f"recipe '{name}' ({path}) includes a recipe in its defaults list ('{shown}'): a recipe "
+                            f"chooses group options, it does not include recipes", key="recipe",
+                            hint="copy the settings you want from the other recipe; choose group options with "
+                                 "`- override /GROUP: OPTION`")
+
+
 @dataclass(frozen=True)
 class RecipeInfo:
     name: str
@@ -84,19 +106,42 @@ def list_recipes(dirs: Sequence[Path]) -> list[RecipeInfo]:
     shipped = shipped_dir()
     out = []
     for name, path in sorted(group_options(dirs, "recipe").items()):
-        doc = yaml.safe_load(path.read_text()) or {}
-        out.append(RecipeInfo(name, str(doc.get("description", "")), path, path.is_relative_to(shipped)))
+        try:
+            doc = yaml.safe_load(path.read_bytes())
+        except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: not UTF-8
+            raise UserError(f"recipe file {path} cannot be read: {yaml_problem(e)}", key=str(path),
+                            hint="fix it, or move it out of the recipe directory") from None
+        description = doc.get("description", "") if isinstance(doc, dict) else ""
+        out.append(RecipeInfo(name, str(description), path, path.is_relative_to(shipped)))
     return out
 
 
-def copy_recipe(dirs: Sequence[Path], source: str, name: str, dest_root: Path) -> Path:
-    """Copy recipe `source` to `dest_root/recipe/name.yaml`, never overwriting."""
+def yaml_problem(e: Exception) -> str:
+    """What is wrong with a YAML file, on one line: the parser's problem and where, or the reading error."""
+    mark = getattr(e, "problem_mark", None)
+    if isinstance(e, yaml.YAMLError) and mark is not None:
+        return f"{getattr(e, 'problem', None) or 'not YAML'} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(e).split())
+
+
+RECIPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what `recipe=NAME` can select
+
+
+def copy_recipe(dirs: Sequence[Path], source: str, name: str, dest_root: Path, *, force: bool = False
+                ) -> tuple[Path, Path | None]:
+    """Copy recipe `source` to `dest_root/recipe/name.yaml`, never overwriting: the new file, and the recipe of that
+    name elsewhere on the search path it shadows or is shadowed by (refused unless `force`)."""
     src = check_option(dirs, "recipe", source)
-    if not name or "/" in name or name.startswith("."):
-        raise UserError(f"'{name}' is not a usable recipe name", key="NAME", hint="use letters, digits, '-', '.'")
+    if not RECIPE_NAME.fullmatch(name):
+        raise UserError(f"'{name}' is not a usable recipe name", key="NAME",
+                        hint="use letters, digits, '-', '_' and '.', starting with a letter or digit")
     dest = dest_root / "recipe" / f"{name}.yaml"
     if dest.exists():
         raise UserError(f"{dest} already exists", key="NAME", hint="pick another name or edit that file")
+    shadowing = _shadowing(dirs, name, dest_root)
+    if shadowing is not None and not force:
+        raise UserError(f"recipe '{name}' exists already: {shadowing}", key="NAME",
+                        hint="pick another name, or add --force to write it anyway")
     dest.parent.mkdir(parents=True, exist_ok=True)
     lines = src.read_text().splitlines(keepends=True)
     # Hydra reads `# @package` only from the leading comment lines, so the note goes after them.
@@ -107,4 +152,28 @@ def copy_recipe(dirs: Sequence[Path], source: str, name: str, dest_root: Path) -
     tmp = dest.with_suffix(".yaml.tmp")
     tmp.write_text("".join(lines[:n]) + note + "".join(lines[n:]))
     tmp.rename(dest)
-    return dest
+    return dest, shadowing
+
+
+def _shadowing(dirs: Sequence[Path], name: str, dest_root: Path) -> str | None:
+    """What a new recipe `name` in `dest_root` would do to the recipe of that name on the search path, in words."""
+    holders = [d for d in dirs if (d / "recipe" / f"{name}.yaml").is_file()]
+    if not holders:
+        return None
+    other = holders[0] / "recipe" / f"{name}.yaml"
+    default = " (the embedded default, which `grpo plan` plans without recipe=)" if \
+        name == primary_choices()["recipe"] else ""
+    dest, order = dest_root.expanduser().resolve(), list(dirs)
+    if dest not in order and dest == user_dir().resolve():  # created by this copy, the user directory is searched
+        order.insert(len(order) - 1, dest)                   # just before the shipped recipes
+    if dest not in order:
+        return f"the copy would shadow {other}{default} wherever its directory comes first on the search path"
+    if order.index(dest) > order.index(holders[0]):
+        return f"the copy would be shadowed by {other}{default}, which comes first on the search path"
+    return f"the copy would shadow {other}{default}"
+
+
+def primary_choices() -> dict[str, str]:
+    """The option the primary config chooses in each group (`recipe`: the embedded default recipe)."""
+    defaults = yaml.safe_load((Path(__file__).with_name("primary") / f"{PRIMARY}.yaml").read_text())["defaults"]
+    return {group: str(option) for entry in defaults if isinstance(entry, dict) for group, option in entry.items()}

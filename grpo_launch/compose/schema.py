@@ -24,12 +24,14 @@ from grpo_launch.errors import UserError, did_you_mean
 
 @dataclass(kw_only=True)
 class TinyModel:
-    hidden_size: int = knob(64, "Hidden size of the built-in tiny Qwen2-shaped model.", ge=8)
-    num_layers: int = knob(2, "Decoder layers of the tiny model.", ge=1)
-    num_heads: int = knob(2, "Attention heads of the tiny model; vLLM's CPU attention needs hidden_size / num_heads "
-                             "(the head size) of 32 or more.", ge=1)
-    num_kv_heads: int = knob(1, "Key/value heads of the tiny model (divides num_heads).", ge=1)
-    max_position_embeddings: int = knob(128, "Longest sequence the tiny model accepts.", ge=16)
+    hidden_size: int = knob(64, "Hidden size of the built-in tiny Qwen2-shaped model (a test model: at most 4096).",
+                            ge=8, le=4096)
+    num_layers: int = knob(2, "Decoder layers of the tiny model (at most 64).", ge=1, le=64)
+    num_heads: int = knob(2, "Attention heads of the tiny model (divides hidden_size); vLLM's CPU attention serves "
+                             "head sizes (hidden_size / num_heads) of 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 "
+                             "and 512 only.", ge=1, le=64)
+    num_kv_heads: int = knob(1, "Key/value heads of the tiny model (divides num_heads).", ge=1, le=64)
+    max_position_embeddings: int = knob(128, "Longest sequence the tiny model accepts.", ge=16, le=131072)
 
 
 @dataclass(kw_only=True)
@@ -56,8 +58,10 @@ class Cluster:
     accelerator: str = knob("cuda", "Device kind. cpu runs trainer ranks as CPU processes (gloo) and vLLM's CPU "
                                     "build (no sleep mode, no NCCL weight sync: weights are reloaded from files).",
                             choices=("cuda", "cpu"))
-    nodes: int = knob(1, "Number of machines.", ge=1)
-    gpus_per_node: int = knob(8, "GPUs per machine (with accelerator=cpu: trainer processes per machine).", ge=1)
+    nodes: int = knob(1, "Number of machines (at most 1024: grpo-launch plans every process of every node).",
+                      ge=1, le=1024)
+    gpus_per_node: int = knob(8, "GPUs per machine (with accelerator=cpu: trainer processes per machine); at most 64: "
+                                 "no machine holds more accelerators.", ge=1, le=64)
     gpu_type: str = knob("H100", "GPU model, for the plan view and the memory estimate.")
     gpu_memory_gib: float = knob(80.0, "Memory of one GPU in GiB.", gt=0)
     host_memory_gib: float = knob(2048.0, "CPU memory of one machine in GiB.", gt=0)
@@ -152,7 +156,7 @@ class Slurm:
     qos: str | None = knob(None, "#SBATCH --qos.")
     time_limit: str | None = knob(None, "#SBATCH --time, e.g. 2-00:00:00; null: the partition's limit.")
     gpus_per_node: int | None = knob(None, "#SBATCH --gpus-per-node; null: cluster.gpus_per_node on GPUs, none "
-                                           "on CPU.", ge=0)
+                                           "on CPU.", ge=0, le=64)
     gres: str | None = knob(None, "#SBATCH --gres instead of --gpus-per-node, e.g. gpu:h100:8.")
     sbatch: list[str] = knob(factory=list, doc="More #SBATCH options, verbatim, e.g. --constraint=h100 or "
                                                "--mem=0.")
@@ -197,7 +201,7 @@ class Config:
     cluster: Cluster = knob(factory=Cluster, doc="The machines.")
     placement: Placement = knob(factory=Placement, doc="Where generation runs.")
     description: str = knob("", "One line shown by `grpo recipes`.")
-    seed: int = knob(42, "Random seed (TRL's seed).", ge=0)
+    seed: int = knob(42, "Random seed (TRL's seed; numpy takes at most 2**32 - 1).", ge=0, le=2**32 - 1)
     launcher: str = knob("accelerate", "Starts the trainer ranks.", choices=("accelerate", "torchrun"))
     rewards: list[Reward] = knob(factory=list, doc="Reward functions, summed with their weights.")
     vllm: Vllm = knob(factory=Vllm, doc="vLLM engines and servers.")
@@ -225,8 +229,8 @@ def check_bounds(section: Any, prefix: str = "") -> None:
             problem = violation(value, f.metadata)
             if problem:
                 choices = f.metadata.get("choices") or ()
-                hint = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
-                raise UserError(f"'{path}' {problem}{hint}", key=path)
+                suggestion = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
+                raise UserError(f"'{path}' {problem}{suggestion}", key=path, hint=f.metadata.get("doc") or None)
 
 
 def type_at(path: str) -> Any:

@@ -10,12 +10,14 @@ regenerates it from the installed TRL and fails when they differ. Regenerate aft
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from grpo_launch.compose.origins import shown
+from grpo_launch.contracts.knobs import violation
 from grpo_launch.errors import UserError, did_you_mean
 
 FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
@@ -26,6 +28,41 @@ REMOVED_FIELDS = {
     "max_prompt_length": "removed in TRL 0.28 (prompts are no longer truncated); bound the context with "
                          "vllm.max_model_len",
     "use_peft": "grpo-launch configures LoRA through lora.enabled",
+}
+# Values TRL (or transformers, torch and vLLM under it) refuses once the trainer starts, or takes and then trains
+# wrongly: name -> (bounds as a knob declares them, values allowed beside them, why). A number is finite besides.
+BOUNDS: dict[str, tuple[dict[str, float], tuple[Any, ...], str]] = {
+    "learning_rate": ({"gt": 0}, (), "torch's optimizers refuse a negative rate, and 0 trains nothing"),
+    "per_device_train_batch_size": ({"ge": 1}, (), "each rank trains on at least one completion a step"),
+    "per_device_eval_batch_size": ({"ge": 1}, (), "each rank evaluates at least one completion a step"),
+    "gradient_accumulation_steps": ({"ge": 1}, (), "transformers divides the loss by it"),
+    "max_completion_length": ({"ge": 1}, (), "a completion has at least one token"),
+    "max_steps": ({"ge": 1}, (-1,), "or -1 (TRL's default), which trains for trainer.num_train_epochs, as "
+                                    "transformers takes 0 and anything else below 1"),
+    "num_train_epochs": ({"gt": 0}, (), "0 trains nothing"),
+    "logging_steps": ({"gt": 0}, (), "transformers refuses 0 (a value below 1 is a fraction of the run)"),
+    "save_steps": ({"gt": 0}, (), "transformers refuses 0 (a value below 1 is a fraction of the run)"),
+    "eval_steps": ({"gt": 0}, (), "transformers refuses 0 (a value below 1 is a fraction of the run)"),
+    "warmup_steps": ({"ge": 0}, (), "a warmup has no negative length"),
+    "weight_decay": ({"ge": 0}, (), "torch's AdamW refuses a negative weight decay"),
+    "adam_beta1": ({"ge": 0, "lt": 1}, (), "torch's Adam refuses betas outside [0, 1)"),
+    "adam_beta2": ({"ge": 0, "lt": 1}, (), "torch's Adam refuses betas outside [0, 1)"),
+    "adam_epsilon": ({"ge": 0}, (), "torch's Adam refuses a negative epsilon"),
+    "max_grad_norm": ({"ge": 0}, (), "clipping to a negative norm reverses the gradients; 0 turns clipping off"),
+    "temperature": ({"gt": 0}, (), "TRL divides the logits by it"),
+    "top_p": ({"gt": 0, "le": 1}, (), "vLLM refuses top_p outside (0, 1]"),
+    "top_k": ({"ge": -1}, (), "vLLM refuses top_k below -1 (0 and -1 consider every token)"),
+    "min_p": ({"ge": 0, "le": 1}, (), "vLLM refuses min_p outside [0, 1]"),
+    "repetition_penalty": ({"gt": 0}, (), "vLLM refuses a penalty of 0 or below"),
+    "beta": ({"ge": 0}, (), "a negative KL coefficient rewards drifting away from the reference model"),
+    "epsilon": ({"ge": 0}, (), "a negative clipping range inverts the clipping of the policy ratio"),
+    "epsilon_high": ({"ge": 0}, (), "a negative clipping range inverts the clipping of the policy ratio"),
+    "num_iterations": ({"ge": 1}, (), "each generation is trained on at least once"),
+    "steps_per_generation": ({"ge": 1}, (), "a generation serves at least one step"),
+    "generation_batch_size": ({"ge": 1}, (), "a generation holds at least one completion"),
+    "max_staleness": ({"ge": 0}, (), "an adapter version is at least 0 steps old"),
+    "dataloader_num_workers": ({"ge": 0}, (), "torch's DataLoader refuses a negative number of workers"),
+    "data_seed": ({"ge": 0, "le": 2**32 - 1}, (), "numpy takes seeds from 0 to 2**32 - 1"),
 }
 # Why a field of one of TRL's config classes is missing from another (the plan's error says it).
 MISSING_BECAUSE = {("AsyncGRPOConfig", "beta"): "async GRPO has no KL term"}
@@ -93,6 +130,12 @@ def _check(args: dict[str, Any], fields: dict[str, TrlField], where: str) -> Non
         if f.choices and isinstance(value, str) and value not in f.choices:
             raise UserError(f"'{path}' must be one of {', '.join(f.choices)}; got {value!r}"
                             f"{did_you_mean(value, f.choices)}", key=path)
+        bounds, allowed, why = BOUNDS.get(name, ({}, (), ""))
+        problem = violation(value, bounds) if isinstance(value, (int, float)) and value not in allowed else None
+        if problem:
+            because = f": {why}" if why and math.isfinite(value) else ""
+            raise UserError(f"'{path}' {problem}{because}", key=path,
+                            hint=f"TRL's default is {shown(f.default)}" if f.default is not None else None)
 
 
 def check_trainer_names(args: dict[str, Any]) -> None:

@@ -18,3 +18,8 @@ TASKS = {"sevens": "grpo_launch.trainer.tasks:sevens"}
 MODELS = {"tiny": "grpo_launch.trainer.tiny_model"}
 BUILTIN_MODEL_PREFIX = "builtin:"
 BUILTIN_MODEL_DIR = "model"  # built-in models are made inside the run directory, so a run is self-contained
+
+
+def names_a_path(model: str) -> bool:
+    """Whether `model.name_or_path` is a local directory by its spelling (a hub id, org/name, is not)."""
+    return model.startswith(("/", "./", "../", "~"))

@@ -23,7 +23,7 @@ class Data:
     system_prompt: str | None = knob(None, "System message placed before each prompt (makes prompts "
                                            "chat-formatted).")
     max_samples: int | None = knob(None, "Use only the first N rows.", ge=1)
-    num_samples: int = knob(512, "Rows generated for a built-in task.", ge=1)
+    num_samples: int = knob(512, "Rows generated for a built-in task (at most 10,000,000).", ge=1, le=10_000_000)
 
 
 @dataclass(kw_only=True)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from grpo_launch.contracts.plan import load_plan
 from grpo_launch.contracts.rundir import PLAN_FILE
@@ -33,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--node {args.node} is not a node of this plan (0..{plan.nodes - 1})", key="--node")
         plan = prepare_node(plan, [args.node], console)
     except UserError as e:
-        console.print(f"[bold red]error:[/] {e}")
+        console.print(f"[bold red]error:[/] {escape(str(e))}")
         return EXIT_USER_ERROR
-    console.print(f"[bold]node {args.node}[/] of {plan.nodes}: {run_dir}")
+    console.print(f"[bold]node {args.node}[/] of {plan.nodes}: {escape(str(run_dir))}")
     return run_nodes(plan, run_dir, [args.node], grace_s=args.grace, console=console).code
 
 

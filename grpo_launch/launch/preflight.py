@@ -1,11 +1,26 @@
-"""What must hold on this machine before `grpo run` writes or starts anything."""
+"""What must hold on this machine before `grpo run` writes or starts anything.
+
+The checks that read a file of the user's (`file_checks`: reward files and modules, a files dataset, a local model
+directory) are run by `grpo run`, `grpo run --dry-run` and `grpo rehearse` before anything is written; `grpo plan`,
+which reads no file of the user's, names them as left to `grpo run`.
+"""
 
 from __future__ import annotations
 
+import ast
+import csv
 import glob
-import importlib.metadata
+import json
+import os
 import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
 
+from grpo_launch.contracts.builtins import BUILTIN_MODEL_DIR, names_a_path
+from grpo_launch.contracts.inputs import Data
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.errors import UserError
 
@@ -25,6 +40,8 @@ def check_vllm_installed(plan: Plan, node: int) -> None:
     """A plan that runs vLLM here needs it installed: say so now, not when the first process dies."""
     if not runs_vllm(plan, node):
         return
+    import importlib.metadata  # here: `grpo plan` imports this module for the names of the file checks
+
     try:
         importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
@@ -37,9 +54,8 @@ def check_data_files(plan: Plan) -> None:
     """A files dataset must match a file here. (A relative path names one the run directory holds: the paths
     given on the command line were anchored where grpo runs.)"""
     data = plan.trainer_inputs.data
-    if data.source == "files" and data.path.startswith("/") and not glob.glob(data.path):
-        raise UserError(f"data.path {data.path} matches no file", key="data.path",
-                        hint="give a path relative to where you run grpo, or an absolute one")
+    if data.source == "files" and data.path.startswith("/"):
+        check_data_rows(data)
 
 
 def check_ports_free(plan: Plan, node: int) -> None:
@@ -56,3 +72,172 @@ def check_ports_free(plan: Plan, node: int) -> None:
                 raise UserError(f"port {claim.port} ({claim.owner}) is already in use on this machine",
                                 key=claim.key, hint=f"stop what holds it, or set {claim.key} to another "
                                                     f"port") from None
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    key: str                          # the recipe key naming the file
+    what: str                         # what is checked, in words
+    run: Callable[[], None]           # raises a `UserError` naming `key`
+
+
+def file_checks(plan: Plan, prompt_room: int | None = None) -> list[FileCheck]:
+    """Every check of a file of the user's that this plan needs. `prompt_room`: the tokens a prompt may take (what
+    vLLM serves less the completion), for a files dataset's prompts; None when vLLM does not serve or it is unknown."""
+    checks = []
+    inputs = plan.trainer_inputs
+    for i, reward in enumerate(inputs.rewards):
+        if ":" not in reward.fn:
+            continue  # a built-in reward
+        key, (where, _, function) = f"rewards[{i}].fn", reward.target.rpartition(":")
+        if where.endswith(".py"):
+            checks.append(FileCheck(key, f"{where} exists, compiles and defines {function}",
+                                    partial(_check_reward_file, key, Path(where).expanduser(), function)))
+        else:
+            checks.append(FileCheck(key, f"module {where} is installed, compiles and defines {function}",
+                                    partial(_check_reward_module, key, where, function)))
+    data = inputs.data
+    if data.source == "files":
+        columns = " and ".join(f"'{c}'" for c in (data.prompt_column, data.answer_column) if c)
+        fits = f", and its longest prompt fits in {prompt_room} tokens" if prompt_room is not None else ""
+        checks.append(FileCheck("data.path", f"{data.path} matches files whose every row has {columns}{fits}",
+                                partial(check_data_rows, data, prompt_room, _prompt_tokens(inputs.model))))
+    if names_a_path(inputs.model):
+        checks.append(FileCheck("model.name_or_path", f"{inputs.model} is a model directory (its config.json)",
+                                partial(_check_model_dir, inputs.model)))
+    return checks
+
+
+def _check_model_dir(name: str) -> None:
+    path = Path(name).expanduser()
+    if not (path / "config.json").is_file():
+        what = "does not exist" if not path.exists() else "holds no config.json"
+        raise UserError(f"model.name_or_path {name} {what}", key="model.name_or_path",
+                        hint="give a directory saved by save_pretrained (config.json, weights, tokenizer), or a "
+                             "hub id (org/name)")
+
+
+def _compiled(key: str, path: Path, function: str, shown: str) -> None:
+    """The file compiles (nothing of it runs) and binds `function` at its top level (or may, by `import *`)."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError) as e:
+        where = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
+        raise UserError(f"{key} names {shown}, which does not compile{where}: {getattr(e, 'msg', e)}", key=key,
+                        hint=f"fix {path}") from None
+    bound = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    if function not in bound and "*" not in bound:
+        raise UserError(f"{key} names {function} in {shown}, which defines no {function}", key=key,
+                        hint=f"names it defines: {', '.join(sorted(b for b in bound if b != '*')) or 'none'}")
+
+
+def _check_reward_file(key: str, path: Path, function: str) -> None:
+    if not path.is_file():
+        raise UserError(f"{key} names {path}, which does not exist", key=key,
+                        hint="give a path relative to where you run grpo, or an absolute one")
+    _compiled(key, path, function, str(path))
+
+
+def _check_reward_module(key: str, module: str, function: str) -> None:
+    """The module is found as the trainer would import it, without running any of it (nor its packages)."""
+    from importlib.machinery import PathFinder
+    from importlib.util import find_spec
+
+    parts = module.split(".")
+    try:
+        spec = find_spec(parts[0])
+        for n in range(1, len(parts)):
+            locations = spec.submodule_search_locations if spec is not None else None
+            spec = PathFinder.find_spec(".".join(parts[:n + 1]), list(locations)) if locations else None
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise UserError(f"{key} names module {module}, which is not installed here", key=key,
+                        hint=f"install the package that holds it (pip install -e .), add its folder to PYTHONPATH, "
+                             f"or give a file: path/to/file.py:{function}")
+    if spec.origin and spec.origin.endswith(".py") and os.path.isfile(spec.origin):
+        _compiled(key, Path(spec.origin), function, f"module {module} ({spec.origin})")
+
+
+def _prompt_tokens(model: str) -> Callable[[str], int] | None:
+    """How many tokens a prompt's text takes, where that is known without loading the model: the built-in model
+    spells one token a character."""
+    return len if model == BUILTIN_MODEL_DIR else None
+
+
+def _rows(path: str) -> Iterator[dict[str, Any]]:
+    """The rows of a .jsonl, .json, .csv or .parquet file, as `datasets` reads them."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet
+
+        yield from pyarrow.parquet.read_table(path).to_pylist()
+        return
+    with open(path, encoding="utf-8", newline="") as f:
+        if path.endswith(".csv"):
+            yield from csv.DictReader(f)
+            return
+        text = f.read()
+    try:
+        whole = json.loads(text)
+    except ValueError:  # JSON lines
+        whole = None
+    if isinstance(whole, dict) and whole and all(isinstance(v, list) for v in whole.values()):
+        yield from (dict(zip(whole, row, strict=False)) for row in zip(*whole.values(), strict=False))
+    elif isinstance(whole, list):
+        yield from whole
+    else:
+        yield from (json.loads(line) for line in text.splitlines() if line.strip())
+
+
+def _text(prompt: Any) -> str:
+    """A prompt's text: itself, or the contents of its chat messages."""
+    if isinstance(prompt, list):
+        return "".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in prompt)
+    return str(prompt)
+
+
+def check_data_rows(data: Data, prompt_room: int | None = None,
+                    tokens: Callable[[str], int] | None = None) -> None:
+    """A files dataset: its files exist, every row has the prompt column (and the answer column, whose dotted path
+    reaches into a row), and, where `tokens` counts them, the longest prompt leaves the completion its room."""
+    paths = sorted(glob.glob(os.path.expanduser(data.path)))
+    if not paths:
+        raise UserError(f"data.path {data.path} matches no file", key="data.path",
+                        hint="give a path relative to where you run grpo, or an absolute one")
+    longest, at = 0, ""
+    for path in paths:
+        try:
+            for n, row in enumerate(_rows(path), 1):
+                prompt = _column(row, data.prompt_column, "data.prompt_column", path, n)
+                if data.answer_column:
+                    _column(row, data.answer_column, "data.answer_column", path, n)
+                if tokens is not None:
+                    size = tokens((data.system_prompt or "") + _text(prompt))
+                    longest, at = max((longest, at), (size, f"row {n} of {path}"))
+        except (OSError, ValueError, ImportError) as e:
+            raise UserError(f"data.path {path} cannot be read as its suffix says: {e}", key="data.path") from None
+    if prompt_room is not None and tokens is not None and longest > prompt_room:
+        raise UserError(f"the longest prompt of data.path ({at}) takes {longest} tokens, and vLLM serves only "
+                        f"{prompt_room} beside the completion", key="data.path",
+                        hint="raise vllm.max_model_len, lower trainer.max_completion_length, or drop the long rows")
+
+
+def _column(row: Any, dotted: str, key: str, path: str, n: int) -> Any:
+    value: Any = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            have = ", ".join(map(str, row)) if isinstance(row, dict) else type(row).__name__
+            raise UserError(f"{key} '{dotted}' is not a column of {path} (row {n} has {have or 'none'})", key=key,
+                            hint=f"set {key} to the column holding it")
+        value = value[part]
+    if value is None and key == "data.prompt_column":
+        raise UserError(f"row {n} of {path} has no prompt ('{dotted}' is null)", key=key)
+    return value

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.errors import UserError
@@ -94,6 +95,6 @@ def submit_and_follow(plan: Plan, run_dir: Path, console: Console, *, poll_s: fl
                         key="scheduler.slurm", hint=f"check the partition, account, qos, time limit and GPU request "
                                                     f"(scheduler.slurm.*) in {run_dir / plan.scheduler.job_file}")
     job = SlurmJob(done.stdout.strip().split(";")[0], env)
-    console.print(f"[bold]submitted[/] {job.name} ({' '.join(plan.scheduler.submit)} in {run_dir}); Ctrl-C "
-                  f"cancels it")
+    console.print("[bold]submitted[/] " + escape(f"{job.name} ({' '.join(plan.scheduler.submit)} in {run_dir}); "
+                                                  f"Ctrl-C cancels it"))
     return JobFollower(plan, run_dir, job, console, poll_s=poll_s).follow().code

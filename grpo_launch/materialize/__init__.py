@@ -51,20 +51,10 @@ def run_files(composed: Composed, plan: Plan, recipe_dirs: list[str]) -> dict[st
 
 
 def reward_sources(composed: Composed) -> list[Path]:
-    """Reward functions given as 'file.py:function': the files to copy, checked to exist."""
-    sources = []
-    for i, reward in enumerate(composed.config.rewards):
-        where = reward.fn.rpartition(":")[0]
-        if where.endswith(".py"):
-            path = Path(where).expanduser()
-            if not path.is_file():
-                raise UserError(f"rewards[{i}].fn names {where}, which does not exist", key=f"rewards[{i}].fn",
-                                hint="give a path relative to where you run grpo, or an absolute one")
-            sources.append(path)
-    names = [p.name for p in sources]
-    if len(set(names)) != len(names):
-        raise UserError("two reward files share a file name; rename one", key="rewards")
-    return sources
+    """Reward functions given as 'file.py:function': the files to copy (the plan refused two of one name; `grpo run`
+    checked each before writing anything, `launch.preflight`)."""
+    return [Path(where).expanduser() for r in composed.config.rewards
+            if (where := r.fn.rpartition(":")[0]).endswith(".py")]
 
 
 def new_run_dir(composed: Composed) -> Path:
@@ -76,6 +66,25 @@ def new_run_dir(composed: Composed) -> Path:
     while candidate.exists():
         candidate, n = base.with_name(f"{base.name}-{n}"), n + 1
     return candidate
+
+
+def _run_dir_key(composed: Composed) -> str:
+    return "run.dir" if composed.config.run.dir else "run.root"
+
+
+def check_run_dir(composed: Composed, target: Path) -> None:
+    """A run directory can be written at `target` (what `grpo run --dry-run` checks, writing nothing): the nearest
+    folder of it that exists is a folder this user may write in."""
+    key = _run_dir_key(composed)
+    existing = target
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"cannot write the run directory {target}: {existing} is not a directory", key=key,
+                        hint=f"set {key} to a directory, or a path that does not exist yet")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write the run directory {target}: {existing} is not writable", key=key,
+                        hint=f"set {key} to a directory you may write in")
 
 
 def write_files(root: Path, files: dict[str, str], rewards: list[Path]) -> None:
@@ -107,10 +116,19 @@ def materialize(composed: Composed, plan: Plan, recipe_dirs: list[str], run_dir:
     node of several sharing `run.dir`; a run directory of the same plan, written by another node, is used as is."""
     files = run_files(composed, plan, recipe_dirs)
     rewards = reward_sources(composed)
-    if run_dir is not None and run_dir.exists():
-        write_files(run_dir, files, rewards)
-        return run_dir
     target = run_dir or new_run_dir(composed)
+    check_run_dir(composed, target)
+    try:
+        return _written(target, files, rewards, resumed=run_dir is not None and run_dir.exists(), join=join)
+    except OSError as e:  # the disk, not the plan: full, read-only, a name the file system refuses
+        raise UserError(f"cannot write the run directory {target}: {e.strerror or e}", key=_run_dir_key(composed),
+                        hint="free space, or choose another directory") from None
+
+
+def _written(target: Path, files: dict[str, str], rewards: list[Path], *, resumed: bool, join: bool) -> Path:
+    if resumed:
+        write_files(target, files, rewards)
+        return target
     if join and _holds(target, files):
         return target
     if target.exists():

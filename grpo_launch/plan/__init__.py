@@ -16,7 +16,15 @@ from grpo_launch.contracts.plan import Engine, Plan, ProcessSpec
 from grpo_launch.contracts.rundir import ACCELERATE_FILE, DEEPSPEED_FILE, LAUNCH_FILE
 from grpo_launch.errors import UserError
 from grpo_launch.memory.estimate import estimate as estimate_memory
-from grpo_launch.plan.checks import builtin_model, check_data, check_env, check_hosts, check_tensor_parallel
+from grpo_launch.plan.checks import (
+    builtin_model,
+    check_context,
+    check_data,
+    check_env,
+    check_hosts,
+    check_model_shape,
+    check_tensor_parallel,
+)
 from grpo_launch.plan.context import Context
 from grpo_launch.plan.documents import accelerate_config, check_zero, deepspeed_config
 from grpo_launch.plan.launch_script import launch_script
@@ -69,11 +77,13 @@ def _planned(composed: Composed) -> Plan:
     check_env(config)
     check_zero(config)
     builtin_model(config.model.name_or_path)
+    check_model_shape(config)
     check_data(config)
     scheduler = scheduler_of(config)
     scheduler.check(config)
     placement = placement_of(config)
     trl_fields.check_trainer_args(config.trainer, placement.trainer_class)
+    check_context(config, placement.trainer_class)
 
     ctx = Context(config)
     result = placement.plan(ctx)

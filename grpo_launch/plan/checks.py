@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
+from collections.abc import Sequence
+from pathlib import PurePath
 
 from grpo_launch.compose.schema import Config
+from grpo_launch.compose.trl_fields import effective
 from grpo_launch.contracts.builtins import BUILTIN_MODEL_PREFIX, MODELS, REWARDS, TASKS
+from grpo_launch.contracts.plan import Reward
+from grpo_launch.contracts.vllm import VLLM_CPU_HEAD_SIZES
 from grpo_launch.errors import UserError, did_you_mean
 from grpo_launch.memory.catalog import resolve
 
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|(^|_)KEY($|_)", re.IGNORECASE)
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+# RFC 1123: dot-separated labels of letters, digits and inner hyphens, 253 characters at most.
+HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                      r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
 
 
 def check_hosts(config: Config) -> None:
@@ -18,6 +27,19 @@ def check_hosts(config: Config) -> None:
     if hosts and len(hosts) != config.cluster.nodes:
         raise UserError(f"cluster.hosts lists {len(hosts)} address(es) for {config.cluster.nodes} node(s)",
                         key="cluster.hosts", hint="give one address per node, node 0 first, or leave it empty")
+    for i, host in enumerate(hosts):
+        if not is_host(host):
+            raise UserError(f"cluster.hosts[{i}] {host!r} is neither a hostname nor an IP address", key="cluster.hosts",
+                            hint="a hostname (letters, digits, '-' and '.': node-1.cluster) or an address (10.0.0.2, "
+                                 "fd00::2), without a port or a user")
+
+
+def is_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return HOSTNAME.fullmatch(host) is not None
 
 
 def check_env(config: Config) -> None:
@@ -82,3 +104,96 @@ def check_tensor_parallel(config: Config) -> None:
         raise UserError(f"vllm.tensor_parallel_size={tp} does not split {config.model.name_or_path}'s {what}: vLLM "
                         f"refuses it", key="vllm.tensor_parallel_size",
                         hint=f"a size vLLM accepts for this model: {', '.join(map(str, fits))}")
+
+
+def check_reward_files(rewards: Sequence[Reward]) -> None:
+    """Reward files are copied into the run's rewards/ and imported there by their file name, so each name is a
+    module name, and no two are the same."""
+    seen: dict[str, int] = {}
+    for i, reward in enumerate(rewards):
+        where = reward.target.rpartition(":")[0]
+        if not where.endswith(".py"):
+            continue
+        stem = PurePath(where).stem
+        if not stem.isidentifier():
+            raise UserError(f"rewards[{i}].fn names {where}, whose name '{stem}' is not a Python module name: the "
+                            f"trainer imports it by that name", key=f"rewards[{i}].fn",
+                            hint="rename the file with letters, digits and '_' only")
+        if stem in seen:
+            raise UserError(f"rewards[{seen[stem]}].fn and rewards[{i}].fn are both files named {stem}.py: the "
+                            f"run's rewards/ holds one of each name", key=f"rewards[{i}].fn",
+                            hint="rename one of them")
+        seen[stem] = i
+
+
+def check_model_shape(config: Config) -> None:
+    """The built-in tiny model's heads split its hidden size (and its KV heads its heads), as transformers needs;
+    where vLLM's CPU build serves a model, its attention takes a head size it has kernels for."""
+    tiny = builtin_model(config.model.name_or_path) is not None
+    t = config.model.tiny
+    if tiny and t.hidden_size % t.num_heads:
+        raise UserError(f"model.tiny.num_heads={t.num_heads} does not divide model.tiny.hidden_size={t.hidden_size}",
+                        key="model.tiny.num_heads", hint=f"heads that divide it: {_divisors(t.hidden_size)}")
+    if tiny and t.num_heads % t.num_kv_heads:
+        raise UserError(f"model.tiny.num_kv_heads={t.num_kv_heads} does not divide model.tiny.num_heads="
+                        f"{t.num_heads}", key="model.tiny.num_kv_heads", hint=f"KV heads that divide it: "
+                                                                               f"{_divisors(t.num_heads)}")
+    resolved = resolve(config.model) if config.vllm.enabled and config.cluster.accelerator == "cpu" else None
+    if resolved is None or resolved.shape.head_dim in VLLM_CPU_HEAD_SIZES:
+        return
+    head = resolved.shape.head_dim
+    if tiny:
+        fits = [h for h in range(1, t.hidden_size + 1) if t.hidden_size % h == 0
+                and t.hidden_size // h in VLLM_CPU_HEAD_SIZES]
+        raise UserError(f"the tiny model's head size (hidden_size / num_heads = {t.hidden_size} / {t.num_heads} = "
+                        f"{head}) is one vLLM's CPU attention cannot serve", key="model.tiny.num_heads",
+                        hint=f"head sizes it serves: {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}; " +
+                             (f"with hidden_size={t.hidden_size}: num_heads={' or '.join(map(str, fits))}" if fits
+                              else f"no num_heads gives one with hidden_size={t.hidden_size}: use a multiple of 32"))
+    raise UserError(f"{config.model.name_or_path} has a head size of {head}, which vLLM's CPU attention cannot serve",
+                    key="model.name_or_path", hint=f"head sizes it serves: "
+                                                   f"{', '.join(map(str, VLLM_CPU_HEAD_SIZES))}")
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _context(config: Config) -> tuple[int | None, int | None]:
+    """(what vLLM serves: vllm.max_model_len, else the model's context; the model's context), None where unknown."""
+    resolved = resolve(config.model)
+    model_context = resolved.shape.context if resolved else None
+    return config.vllm.max_model_len or model_context, model_context
+
+
+def prompt_room(config: Config, config_class: str) -> int | None:
+    """The tokens a prompt may take beside a whole completion in what vLLM serves; None when vLLM does not serve or
+    the context is unknown."""
+    served, _ = _context(config)
+    completion = effective(config.trainer, config_class, "max_completion_length")
+    if not config.vllm.enabled or served is None or completion is None:
+        return None
+    return served - completion
+
+
+def check_context(config: Config, config_class: str) -> None:
+    """What vLLM serves, `vllm.max_model_len` or else the model's context, holds a prompt and a whole completion;
+    vLLM refuses a `max_model_len` beyond the model's context."""
+    if not config.vllm.enabled:
+        return
+    served, model_context = _context(config)
+    asked = config.vllm.max_model_len
+    if asked is not None and model_context is not None and asked > model_context:
+        what = "model.tiny.max_position_embeddings" if builtin_model(config.model.name_or_path) else \
+            f"{config.model.name_or_path}'s context"
+        raise UserError(f"vllm.max_model_len={asked} is beyond {what} of {model_context} tokens: vLLM refuses it",
+                        key="vllm.max_model_len", hint=f"set it to at most {model_context}, or null for the model's")
+    room = prompt_room(config, config_class)
+    if room is None or room > 0:
+        return
+    completion = effective(config.trainer, config_class, "max_completion_length")
+    where = f"vllm.max_model_len={asked}" if asked else f"the model's context of {served} tokens"
+    raise UserError(f"trainer.max_completion_length={completion} leaves no room for a prompt in {where}",
+                    key="vllm.max_model_len" if asked else "trainer.max_completion_length",
+                    hint=f"raise vllm.max_model_len above {completion} + the longest prompt, or lower "
+                         f"trainer.max_completion_length")

@@ -13,7 +13,7 @@ from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.builtins import REWARDS
 from grpo_launch.contracts.plan import Reward, TrainerInputs
 from grpo_launch.errors import UserError
-from grpo_launch.plan.checks import reward_target
+from grpo_launch.plan.checks import check_reward_files, reward_target
 from grpo_launch.plan.placements.base import Placement
 from grpo_launch.plan.processes import model_path
 
@@ -68,6 +68,7 @@ def build_trainer_inputs(config: Config, placement: Placement, weight_sync: str)
                         hint="add one, e.g. rewards=[{fn:accuracy}] (built-ins: " + ", ".join(REWARDS) + ")")
     rewards = tuple(Reward(fn=r.fn, target=reward_target(r.fn, f"rewards[{i}].fn"), weight=r.weight)
                     for i, r in enumerate(config.rewards))
+    check_reward_files(rewards)
     return TrainerInputs(trainer=placement.trainer, model=model_path(config), data=dataclasses.replace(config.data),
                          rewards=rewards, lora=dataclasses.replace(config.lora) if config.lora.enabled else None,
                          attn_implementation=config.model.attn_implementation,
