@@ -1,5 +1,7 @@
 """Every user mistake gets a clear error naming the key, exit code 2, no traceback, and nothing written."""
 
+import json
+
 import pytest
 from conftest import grpo
 
@@ -104,6 +106,59 @@ BAD_PLAN_INPUTS = [
     # missing required values
     (["model.name_or_path=???"], "missing required value 'model.name_or_path'"),
     (["data.path=???"], "missing required value 'data.path'"),
+    # numbers are finite; sizes are bounded by what exists
+    (["cluster.gpu_memory_gib=inf"], "'cluster.gpu_memory_gib' must be a finite number, got inf"),
+    (["recipe=qwen72b-colocate", "cluster.gpu_memory_gib=nan"], "must be a finite number, got nan"),
+    (["cluster.gpus_per_node=100000"], "'cluster.gpus_per_node' must be <= 64"),
+    (["cluster.nodes=1000000000000"], "'cluster.nodes' must be <= 1024"),
+    (["seed=4294967296"], "'seed' must be <= 4294967295"),
+    (["model.tiny.hidden_size=1000000"], "'model.tiny.hidden_size' must be <= 4096"),
+    # TRL's values, where TRL (or torch, transformers, vLLM under it) refuses them or trains wrongly
+    (["trainer.learning_rate=-1"], "'trainer.learning_rate' must be > 0, got -1: torch's optimizers refuse"),
+    (["trainer.learning_rate=0"], "'trainer.learning_rate' must be > 0"),
+    (["trainer.per_device_train_batch_size=0"], "'trainer.per_device_train_batch_size' must be >= 1, got 0"),
+    (["trainer.max_steps=0"], "'trainer.max_steps' must be >= 1, got 0: or -1"),
+    (["trainer.temperature=0"], "'trainer.temperature' must be > 0"),
+    (["trainer.adam_beta2=1.0"], "'trainer.adam_beta2' must be < 1"),
+    (["trainer.top_p=1.5"], "'trainer.top_p' must be <= 1"),
+    (["trainer.beta=-0.1"], "'trainer.beta' must be >= 0"),
+    (["trainer.learning_rate=nan"], "'trainer.learning_rate' must be a finite number, got nan"),
+    (["trainer.vllm_importance_sampling_clip_max=inf"], "must be a finite number, got inf"),
+    # a key added with + or ++ must exist (OmegaConf would add it, and the typed config drop it); only free-form
+    # mappings lose keys
+    (["+foo.bar=3"], "unknown key 'foo.bar'"),
+    (["+vllm.tensor_paralel_size=2"], "unknown key 'vllm.tensor_paralel_size'; did you mean "
+                                      "'vllm.tensor_parallel_size'?"),
+    (["++lora.rnak=2"], "did you mean 'lora.r'?"),
+    (["~vllm"], "'~vllm': vllm is a key of the schema, which cannot be removed"),
+    (["~seed"], "cannot be removed"),
+    # what vLLM serves holds a prompt and a completion; its CPU build has kernels for some head sizes only
+    (["recipe=tiny-cpu-colocate", "vllm.max_model_len=16", "trainer.max_completion_length=64"],
+     "trainer.max_completion_length=64 leaves no room for a prompt in vllm.max_model_len=16"),
+    (["recipe=qwen7b-server", "trainer.max_completion_length=4096"],
+     "leaves no room for a prompt in vllm.max_model_len=4096 (vllm.max_model_len=4096 is set by recipe "
+     "qwen7b-server)"),
+    (["recipe=qwen7b-server", "vllm.max_model_len=null", "trainer.max_completion_length=4096"],
+     "leaves no room for a prompt in the model's context of 4096 tokens"),
+    (["recipe=qwen7b-server", "vllm.max_model_len=100000"],
+     "vllm.max_model_len=100000 (set on the command line) is beyond Qwen/Qwen2.5-Math-7B's context of 4096 tokens"),
+    (["recipe=tiny-cpu-colocate", "vllm.max_model_len=200"], "beyond model.tiny.max_position_embeddings of 128"),
+    (["recipe=tiny-cpu-colocate", "model.tiny.hidden_size=32"],
+     "the tiny model's head size (hidden_size / num_heads = 32 / 2 = 16) is one vLLM's CPU attention cannot serve"),
+    (["recipe=tiny-cpu-server", "model.tiny.num_heads=4"], "with hidden_size=64: num_heads=1 or 2"),
+    (["model.tiny.num_heads=3"], "model.tiny.num_heads=3 (set on the command line) does not divide "
+                                 "model.tiny.hidden_size=64"),
+    (["model.tiny.num_heads=4", "model.tiny.num_kv_heads=3"], "does not divide model.tiny.num_heads=4"),
+    # hosts are hostnames or addresses
+    (["recipe=qwen72b-colocate", "cluster.hosts=[a b,h1,h2,h3]"], "cluster.hosts[0] 'a b' is neither a hostname "
+                                                                 "nor an IP address"),
+    (["recipe=qwen72b-colocate", "cluster.hosts=[h0:22,h1,h2,h3]"], "'h0:22' is neither"),
+    (["recipe=qwen72b-colocate", "cluster.hosts=[h0,'',h2,h3]"], "cluster.hosts[1] '' is neither"),
+    (["recipe=qwen72b-colocate", "cluster.hosts=[h0,h1,'$(reboot)',h3]"], "'$(reboot)' is neither"),
+    # reward files are imported by their file name, from one folder
+    (["rewards=[{fn:a/score.py:f},{fn:b/score.py:f}]"], "rewards[0].fn and rewards[1].fn are both files named "
+                                                        "score.py"),
+    (["rewards=[{fn:my-rewards.py:f}]"], "whose name 'my-rewards' is not a Python module name"),
     # malformed override syntax
     (["foo"], "malformed override 'foo'"),
     (["trainer.learning_rate=[1"], "malformed override"),
@@ -111,6 +166,15 @@ BAD_PLAN_INPUTS = [
     (["~model"], "the model group always has one option"),
     (["+zero=2"], "the zero group always has one option"),
     (["hydra.run.dir=x"], "hydra.* settings are managed by grpo-launch"),
+    (["env.set.A=" + "[" * 5000 + "]" * 5000], "nests lists, mappings or calls 5000 deep; at most 32"),
+    (["trainer.a=" + "{a:" * 40 + "1" + "}" * 40], "nests lists, mappings or calls 40 deep"),
+    # user text is never rich markup: the brackets stay
+    (["description=[bold]x"], "malformed override 'description=[bold]x'"),
+    (["[/]"], "malformed override '[/]'"),
+    (["recipe=qwen72b-colocate", "cluster.hosts=['[/]',h1,h2,h3]"], "(cluster.hosts=[[/],h1,h2,h3] is set on"),
+    (["recipe=qwen72b-colocate", "cluster.hosts=[h0,[/],h2,h3]"], "'cluster.hosts[1]' must be a string, got ['/']"),
+    (["env.passthrough=[A,[B]]"], "'env.passthrough[1]' must be a string, got ['B']"),
+    (["env.set.A=[1]"], "'env.set.A' must be a string"),
 ]
 
 
@@ -190,3 +254,245 @@ def test_recipes_new_from_unknown(tmp_path, capsys):
 def test_recipes_show_unknown(capsys):
     assert main(["recipes", "show", "tiny-cpuu"]) == 2
     assert "did you mean 'tiny-cpu'?" in capsys.readouterr().err
+
+
+RECIPE_INCLUDES = {
+    "itself": "defaults:\n  - /recipe/broken@_here_\n",
+    "itself, relatively": "defaults:\n  - broken\n",
+    "another recipe": "defaults:\n  - /recipe/tiny-cpu\n",
+    "another recipe, relatively": "defaults:\n  - tiny-cpu\n",
+    "the recipe group": "defaults:\n  - /recipe: tiny-cpu\n",
+    "the recipe group, overridden": "defaults:\n  - override /recipe: tiny-cpu\n",
+}
+
+
+@pytest.mark.parametrize("defaults", RECIPE_INCLUDES.values(), ids=list(RECIPE_INCLUDES))
+def test_a_recipe_includes_no_recipe(tmp_path, defaults, capsys):
+    d = _user_recipe(tmp_path, "broken", "# @package _global_\n" + defaults)
+    assert main(["plan", "recipe=broken", "--recipes-dir", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "includes a recipe in its defaults list" in err and "Traceback" not in err
+
+
+def test_a_group_option_including_itself_is_an_error(tmp_path, capsys):
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "cluster" / "loop.yaml").write_text("defaults:\n  - loop\n")
+    assert main(["plan", "cluster=loop", "--recipes-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Hydra recursed without end" in err and "Traceback" not in err
+
+
+def test_a_sweep_is_bounded_before_it_is_listed(capsys):
+    assert main(["plan", "-m", "seed=range(0,100000000000)"]) == 2
+    assert "'seed=range(0,100000000000)' sweeps 100,000,000,000 values; a sweep plans at most 1000" in \
+        capsys.readouterr().err
+    assert main(["plan", "-m", "seed=shuffle(range(0,100000000000))"]) == 2
+    assert main(["plan", "-m", "seed=range(0,40)", "trainer.learning_rate=range(1,40)"]) == 2
+    assert "the sweep has 1,560 combinations (40 x 39); it plans at most 1,000" in capsys.readouterr().err
+    assert main(["plan", "-m", "--json", "seed=range(0,3)", "--max-combinations", "2"]) == 2
+    assert "--max-combinations" in capsys.readouterr().err
+    assert main(["plan", "-m", "--json", "seed=range(0,3)", "--max-combinations", "3"]) == 0
+
+
+@pytest.mark.parametrize("grace", ["-5", "nan", "inf", "601"])
+@pytest.mark.parametrize("command", [["run", "--dry-run"], ["rehearse"]])
+def test_grace_is_a_bounded_number_of_seconds(command, grace, capsys):
+    assert main([*command, "--grace", grace]) == 2
+    assert "Invalid value for '--grace'" in capsys.readouterr().err
+
+
+def test_recipes_lists_refuse_an_unreadable_file_by_name(tmp_path, capsys):
+    d = _user_recipe(tmp_path, "broken", "description: x\nfoo: [unclosed\n")
+    assert main(["recipes", "--recipes-dir", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert f"recipe file {d / 'recipe' / 'broken.yaml'} cannot be read: expected ',' or ']'" in err
+    assert "line 3, column 1" in err and "Traceback" not in err
+    (d / "recipe" / "broken.yaml").write_bytes(b"description: \xc3\x28\n")
+    assert main(["recipes", "--recipes-dir", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "broken.yaml cannot be read: " in err and "Traceback" not in err
+
+
+def test_recipes_list_shows_descriptions_as_written(tmp_path, capsys):
+    d = _user_recipe(tmp_path, "marked", "# @package _global_\ndescription: 'a [/] b [bold]c[/bold]'\n")
+    assert main(["recipes", "--recipes-dir", str(d)]) == 0
+    assert "a [/] b [bold]c[/bold]" in capsys.readouterr().out
+
+
+def test_recipes_new_refuses_to_shadow_unless_forced(tmp_path, capsys):
+    user = tmp_path / "xdg" / "grpo-launch" / "recipes"
+    assert main(["recipes", "new", "tiny-cpu", "--from", "qwen7b-server"]) == 2
+    err = capsys.readouterr().err
+    assert "recipe 'tiny-cpu' exists already: the copy would shadow" in err and "the embedded default" in err
+    assert not user.exists()
+    assert main(["recipes", "new", "tiny-cpu", "--from", "qwen7b-server", "--force"]) == 0
+    assert "note: the copy would shadow" in capsys.readouterr().out
+    assert (user / "recipe" / "tiny-cpu.yaml").is_file()
+    # a directory later on the search path: the copy would be shadowed by the user's recipe
+    assert main(["recipes", "--recipes-dir", str(user), "new", "tiny-cpu", "--from", "qwen7b-server",
+                 "--to", str(tmp_path / "later")]) == 2
+    assert "already exists" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["[x]", "a b", ".x", "recipe=x", "a/b", ""])
+def test_recipes_new_takes_names_recipe_can_select(tmp_path, name, capsys):
+    assert main(["recipes", "new", name, "--from", "tiny-cpu", "--to", str(tmp_path)]) == 2
+    assert "is not a usable recipe name" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_directory_that_cannot_be_written_is_refused_before_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    for command in (["run", "--dry-run"], ["run"]):
+        assert main([*command, f"run.root={tmp_path / 'afile'}"]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / 'afile'} is not a directory (run.root={tmp_path / 'afile'} is set on the command " \
+               f"line)" in err
+        assert main([*command, f"run.dir={tmp_path / 'afile' / 'run'}"]) == 2
+        assert "hint: set run.dir to a directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "xdg"] or \
+        sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_failed_write_is_an_error_of_the_run_directory(tmp_path, monkeypatch):
+    from grpo_launch.compose import compose
+    from grpo_launch.errors import UserError
+    from grpo_launch.materialize import materialize
+    from grpo_launch.plan import build_plan
+
+    composed = compose([f"run.dir={tmp_path / 'run'}"])
+
+    def full(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("grpo_launch.materialize.write_files", full)
+    with pytest.raises(UserError, match="cannot write the run directory .*: No space left on device"):
+        materialize(composed, build_plan(composed), [])
+    assert not (tmp_path / "run").exists()
+
+
+def _written_run(tmp_path, *overrides):
+    """A run directory as `grpo run` writes it, without starting anything."""
+    from grpo_launch.compose import compose
+    from grpo_launch.materialize import materialize
+    from grpo_launch.plan import build_plan
+
+    composed = compose([f"run.root={tmp_path / 'runs'}", *overrides])
+    return materialize(composed, build_plan(composed), [])
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda d: (d / "config.yaml").unlink(), "is not a grpo-launch run directory (no config.yaml)"),
+    (lambda d: (d / "overrides.yaml").unlink(), "is not a grpo-launch run directory (no overrides.yaml)"),
+    (lambda d: (d / "overrides.yaml").write_text("overrides: [\n"), "overrides.yaml cannot be read: expected"),
+    (lambda d: (d / "overrides.yaml").write_text("42\n"), "overrides.yaml is not the overrides.yaml `grpo run` "
+                                                           "writes"),
+    (lambda d: (d / "overrides.yaml").write_text("recipe: x\noverrides: 3\nrecipes_dirs: []\n"), "is not the"),
+    (lambda d: (d / "config.yaml").write_bytes(b"\xff"), "config.yaml cannot be read"),
+])
+def test_resume_refuses_a_damaged_run_directory(tmp_path, damage, message, capsys):
+    run_dir = _written_run(tmp_path)
+    damage(run_dir)
+    assert main(["run", "--resume", str(run_dir), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_resume_adds_overrides_to_the_stored_ones(tmp_path, capsys):
+    run_dir = _written_run(tmp_path, "seed=7", "trainer.max_steps=16")
+    assert main(["run", "--resume", str(run_dir), "--dry-run", "trainer.max_steps=20"]) == 2
+    err = capsys.readouterr().err
+    assert "the config changed since" in err and "trainer.max_steps: 16 -> 20" in err and "seed" not in err
+    assert main(["run", "--resume", str(run_dir), "--dry-run", "--force", "trainer.max_steps=20"]) == 0
+    out = capsys.readouterr().out
+    assert "seed: 7" in out and "max_steps: 20" in out  # the stored seed=7 is kept
+    assert f"- run.root={tmp_path / 'runs'}\n- seed=7\n- trainer.max_steps=16\n- trainer.max_steps=20" in out
+    assert main(["run", "--resume", str(run_dir), "--dry-run", "seed=7"]) == 0  # the same value: no change
+
+
+@pytest.mark.parametrize("override", ["recipe=qwen7b-server", "scheduler=slurm", "scheduler.kind=slurm",
+                                      "run.dir=/tmp/elsewhere", "run.root=/tmp/elsewhere"])
+def test_resume_keeps_the_recipe_scheduler_and_run_directory(tmp_path, override, capsys):
+    run_dir = _written_run(tmp_path)
+    assert main(["run", "--resume", str(run_dir), "--dry-run", "--force", override]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume continues {run_dir} with {override.partition('=')[0]}=" in err
+    assert "keeps its recipe, scheduler and run directory" in err
+
+
+USER_FILE_INPUTS = [
+    # (overrides, files to write first, what `grpo run` and `--dry-run` say)
+    (["rewards=[{fn:missing.py:score}]"], {}, "rewards[0].fn names missing.py, which does not exist "
+                                              "(rewards[0].fn=missing.py:score is set on the command line)"),
+    (["rewards=[{fn:broken.py:score}]"], {"broken.py": "def score(:\n"}, "names broken.py, which does not compile "
+                                                                          "at line 1"),
+    (["rewards=[{fn:other.py:score}]"], {"other.py": "def scores(**k):\n    return []\n"},
+     "names score in other.py, which defines no score"),
+    (["rewards=[{fn:no_such_package.rewards:score}]"], {}, "names module no_such_package.rewards, which is not "
+                                                           "installed here"),
+    (["rewards=[{fn:grpo_launch.trainer.rewards:nothing}]"], {}, "which defines no nothing"),
+    (["data.source=files", "data.path=missing.jsonl"], {}, "missing.jsonl matches no file"),
+    (["data.source=files", "data.path=q.jsonl"], {"q.jsonl": '{"question": "1+1", "answer": "2"}\n'},
+     "data.prompt_column 'prompt' is not a column of"),
+    (["data.source=files", "data.path=q.csv", "data.prompt_column=question", "data.answer_column=solution"],
+     {"q.csv": "question,answer\n1+1,2\n"}, "data.answer_column 'solution' is not a column of"),
+    (["recipe=tiny-cpu-colocate", "data.source=files", "data.path=long.jsonl"],
+     {"long.jsonl": json.dumps({"prompt": "1" * 200}) + "\n"},
+     "the longest prompt of data.path (row 1 of"),
+    (["model.name_or_path=./no-model"], {}, "no-model does not exist"),
+    (["model.name_or_path=./empty"], {"empty/README": ""}, "empty holds no config.json"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "files", "message"), USER_FILE_INPUTS,
+                         ids=[" ".join(o) for o, _, _ in USER_FILE_INPUTS])
+def test_user_files_are_checked_by_run_and_dry_run_and_left_by_plan(tmp_path, monkeypatch, overrides, files,
+                                                                    message, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    before = sorted(tmp_path.rglob("*"))
+    for command in (["run", "--dry-run"], ["run"], ["rehearse"]):
+        assert main([*command, "run.root=runs", *overrides]) == 2, command
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+    assert main(["plan", *overrides]) == 0
+    assert "left to grpo run (it reads your files)" in capsys.readouterr().out
+    assert main(["plan", "--json", *overrides]) == 0
+    assert json.loads(capsys.readouterr().out)["left_to_run"]
+
+
+def test_a_files_dataset_error_says_where_the_column_was_set(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "q.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+    d = _user_recipe(tmp_path, "mine", "# @package _global_\ndefaults:\n  - override /placement: colocate\n"
+                                       "data:\n  source: files\n  path: q.jsonl\n  prompt_column: problem\n"
+                                       "rewards:\n  - fn: sevens\nvllm:\n  enabled: false\n")
+    assert main(["run", "--dry-run", "recipe=mine", "--recipes-dir", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert f"data.prompt_column 'problem' is not a column of {tmp_path / 'q.jsonl'} (row 1 has question, answer)" \
+           in err
+    assert "(data.prompt_column=problem is set by recipe mine)" in err
+
+
+def test_dry_run_prints_user_text_as_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "[/]x [bold]y"
+    assert main(["run", "--dry-run", f"run.root='{root}'", "description='[/] [bold]z'",
+                 "env.set.FOO='[red]v[/]'"]) == 0
+    out = capsys.readouterr().out
+    assert f"would write {root}/tiny-cpu/" in out and "FOO='[red]v[/]'" in out and "[/] [bold]z" in out
+    assert not root.exists()
+
+
+def test_the_run_summary_prints_paths_as_written(tmp_path):
+    from rich.console import Console
+
+    from grpo_launch.cli.launching import _finish
+
+    console = Console(record=True, width=200)
+    _finish(tmp_path / "[/]run [bold]x", 1, console, None)
+    assert f"failed run directory: {tmp_path / '[/]run [bold]x'}" in console.export_text()

@@ -162,7 +162,8 @@ def run(
         raise composed.origins.locate(e, composed.config) from None
     console = Console(highlight=False)
     if dry_run:
-        console.print(f"[bold]would write[/] {escape(str(target))}/ (dry run: nothing is written or started)")
+        console.print(f"[bold]would write[/] {escape(str(target))}/ (dry run: nothing is written or started)",
+                      soft_wrap=True)
         from grpo_launch.plan.launch_script import command_line
 
         for step in the_plan.prepare:

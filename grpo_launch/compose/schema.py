@@ -215,11 +215,30 @@ class Config:
                                                      "for async-lora), checked against the pinned TRL's fields.")
 
 
+_SCALARS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _check_items(value: Any, tp: Any, path: str) -> None:
+    """The items of a list or mapping of scalars are of their type: OmegaConf lets a nested list through as one."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    items = enumerate(value) if origin is list else value.items() if origin is dict else ()
+    kind = args[-1] if args else None
+    for where, item in items:
+        ok = isinstance(item, kind) and not (kind is not bool and isinstance(item, bool)) if kind in _SCALARS else True
+        if not ok and not (kind is float and isinstance(item, int) and not isinstance(item, bool)):
+            at = f"{path}[{where}]" if origin is list else f"{path}.{where}"
+            raise UserError(f"'{at}' must be {_SCALARS[kind]}, got {item!r}", key=path)
+
+
 def check_bounds(section: Any, prefix: str = "") -> None:
-    """Every knob's bounds and choices, in one pass over a typed section (lists of sections included)."""
+    """Every knob's bounds and choices, and the items of its lists and mappings, in one pass over a typed section
+    (lists of sections included)."""
+    hints = typing.get_type_hints(type(section))
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         path = f"{prefix}{f.name}"
+        if isinstance(value, (list, dict)) and value:
+            _check_items(value, hints[f.name], path)
         if dataclasses.is_dataclass(value):
             check_bounds(value, f"{path}.")
         elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
