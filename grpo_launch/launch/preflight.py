@@ -7,12 +7,8 @@ which reads no file of the user's, names them as left to `grpo run`.
 
 from __future__ import annotations
 
-import ast
-import csv
 import glob
-import json
 import os
-import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -40,7 +36,7 @@ def check_vllm_installed(plan: Plan, node: int) -> None:
     """A plan that runs vLLM here needs it installed: say so now, not when the first process dies."""
     if not runs_vllm(plan, node):
         return
-    import importlib.metadata  # here: `grpo plan` imports this module for the names of the file checks
+    import importlib.metadata  # imported here, like the other modules: `grpo plan` imports this one
 
     try:
         importlib.metadata.version("vllm")
@@ -60,6 +56,8 @@ def check_data_files(plan: Plan) -> None:
 
 def check_ports_free(plan: Plan, node: int) -> None:
     """Every port this node's processes open must be free before anything starts."""
+    import socket
+
     for claim in plan.ports:
         if claim.node != node:
             continue
@@ -119,6 +117,8 @@ def _check_model_dir(name: str) -> None:
 
 def _compiled(key: str, path: Path, function: str, shown: str) -> None:
     """The file compiles (nothing of it runs) and binds `function` at its top level (or may, by `import *`)."""
+    import ast
+
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError) as e:
@@ -175,6 +175,9 @@ def _prompt_tokens(model: str) -> Callable[[str], int] | None:
 
 def _rows(path: str) -> Iterator[dict[str, Any]]:
     """The rows of a .jsonl, .json, .csv or .parquet file, as `datasets` reads them."""
+    import csv
+    import json
+
     if path.endswith(".parquet"):
         import pyarrow.parquet
 
