@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import grpo
+from conftest import free_port, grpo
 
 from grpo_launch.cli import main
 
@@ -378,7 +378,7 @@ def _written_run(tmp_path, *overrides):
     from grpo_launch.materialize import materialize
     from grpo_launch.plan import build_plan
 
-    composed = compose([f"run.root={tmp_path / 'runs'}", *overrides])
+    composed = compose([f"run.root={tmp_path / 'runs'}", f"run.main_process_port={free_port()}", *overrides])
     return materialize(composed, build_plan(composed), [])
 
 
@@ -407,7 +407,7 @@ def test_resume_adds_overrides_to_the_stored_ones(tmp_path, capsys):
     assert main(["run", "--resume", str(run_dir), "--dry-run", "--force", "trainer.max_steps=20"]) == 0
     out = capsys.readouterr().out
     assert "seed: 7" in out and "max_steps: 20" in out  # the stored seed=7 is kept
-    assert f"- run.root={tmp_path / 'runs'}\n- seed=7\n- trainer.max_steps=16\n- trainer.max_steps=20" in out
+    assert "- seed=7\n- trainer.max_steps=16\n- trainer.max_steps=20" in out
     assert main(["run", "--resume", str(run_dir), "--dry-run", "seed=7"]) == 0  # the same value: no change
 
 
@@ -482,7 +482,7 @@ def test_dry_run_prints_user_text_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     root = tmp_path / "[/]x [bold]y"
     assert main(["run", "--dry-run", f"run.root='{root}'", "description='[/] [bold]z'",
-                 "env.set.FOO='[red]v[/]'"]) == 0
+                 "env.set.FOO='[red]v[/]'", f"run.main_process_port={free_port()}"]) == 0
     out = capsys.readouterr().out
     assert f"would write {root}/tiny-cpu/" in out and "FOO='[red]v[/]'" in out and "[/] [bold]z" in out
     assert not root.exists()
@@ -496,3 +496,20 @@ def test_the_run_summary_prints_paths_as_written(tmp_path):
     console = Console(record=True, width=200)
     _finish(tmp_path / "[/]run [bold]x", 1, console, None)
     assert f"failed run directory: {tmp_path / '[/]run [bold]x'}" in console.export_text()
+
+
+def test_dry_run_runs_the_checks_of_the_machine(tmp_path, monkeypatch, capsys):
+    """What `grpo run` checks on this machine before it starts anything, `--dry-run` checks too."""
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["run", "--dry-run", f"run.main_process_port={port}"]) == 2
+    assert f"port {port} (the trainer rendezvous) is already in use" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "0")
+    assert main(["run", "--dry-run", f"run.main_process_port={free_port()}"]) == 2
+    assert "grpo-launch is running as a torch worker" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [] or [p.name for p in tmp_path.iterdir()] == ["xdg"]

@@ -162,6 +162,10 @@ def run(
         raise composed.origins.locate(e, composed.config) from None
     console = Console(highlight=False)
     if dry_run:
+        if the_plan.scheduler.kind == "local":  # what `grpo run` checks on this machine before it starts anything
+            from grpo_launch.launch.node import prepare_node
+
+            prepare_node(the_plan, nodes, console)
         console.print(f"[bold]would write[/] {escape(str(target))}/ (dry run: nothing is written or started)",
                       soft_wrap=True)
         from grpo_launch.plan.launch_script import command_line

@@ -51,7 +51,7 @@ def check_data_files(plan: Plan) -> None:
     given on the command line were anchored where grpo runs.)"""
     data = plan.trainer_inputs.data
     if data.source == "files" and data.path.startswith("/"):
-        check_data_rows(data)
+        _data_files(data)
 
 
 def check_ports_free(plan: Plan, node: int) -> None:
@@ -211,12 +211,8 @@ def check_data_rows(data: Data, prompt_room: int | None = None,
                     tokens: Callable[[str], int] | None = None) -> None:
     """A files dataset: its files exist, every row has the prompt column (and the answer column, whose dotted path
     reaches into a row), and, where `tokens` counts them, the longest prompt leaves the completion its room."""
-    paths = sorted(glob.glob(os.path.expanduser(data.path)))
-    if not paths:
-        raise UserError(f"data.path {data.path} matches no file", key="data.path",
-                        hint="give a path relative to where you run grpo, or an absolute one")
     longest, at = 0, ""
-    for path in paths:
+    for path in _data_files(data):
         try:
             for n, row in enumerate(_rows(path), 1):
                 prompt = _column(row, data.prompt_column, "data.prompt_column", path, n)
@@ -231,6 +227,14 @@ def check_data_rows(data: Data, prompt_room: int | None = None,
         raise UserError(f"the longest prompt of data.path ({at}) takes {longest} tokens, and vLLM serves only "
                         f"{prompt_room} beside the completion", key="data.path",
                         hint="raise vllm.max_model_len, lower trainer.max_completion_length, or drop the long rows")
+
+
+def _data_files(data: Data) -> list[str]:
+    paths = sorted(glob.glob(os.path.expanduser(data.path)))
+    if not paths:
+        raise UserError(f"data.path {data.path} matches no file", key="data.path",
+                        hint="give a path relative to where you run grpo, or an absolute one")
+    return paths
 
 
 def _column(row: Any, dotted: str, key: str, path: str, n: int) -> Any:
