@@ -513,3 +513,26 @@ def test_dry_run_runs_the_checks_of_the_machine(tmp_path, monkeypatch, capsys):
     assert main(["run", "--dry-run", f"run.main_process_port={free_port()}"]) == 2
     assert "grpo-launch is running as a torch worker" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [] or [p.name for p in tmp_path.iterdir()] == ["xdg"]
+
+
+def test_a_local_tokenizer_counts_a_files_dataset_prompts(tmp_path, monkeypatch, capsys):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    from grpo_launch.contracts import tiny
+
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(tiny.config_json(hidden_size=64, num_layers=1, num_heads=2,
+                                                                   num_kv_heads=1, max_position_embeddings=128)))
+    tokenizer = Tokenizer(WordLevel({"[UNK]": 0, "word": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save(str(model / "tokenizer.json"))
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": " ".join(["word"] * 60)}) + "\n")
+    overrides = ["recipe=tiny-cpu-colocate", "model.name_or_path=./m", "data.source=files", "data.path=p.jsonl"]
+    assert main(["run", "--dry-run", *overrides]) == 2  # 60 words, 60 tokens: 56 fit beside 8 in 64
+    assert "takes 60 tokens, and vLLM serves only 56 beside the completion" in capsys.readouterr().err
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": " ".join(["word"] * 56)}) + "\n")
+    assert main(["run", "--dry-run", *overrides, f"run.main_process_port={free_port()}"]) == 0

@@ -168,9 +168,20 @@ def _check_reward_module(key: str, module: str, function: str) -> None:
 
 
 def _prompt_tokens(model: str) -> Callable[[str], int] | None:
-    """How many tokens a prompt's text takes, where that is known without loading the model: the built-in model
-    spells one token a character."""
-    return len if model == BUILTIN_MODEL_DIR else None
+    """How many tokens a prompt's text takes (its chat template's own tokens aside), where that is known without
+    loading the model: the built-in model spells one token a character; a local model's tokenizer.json counts them."""
+    if model == BUILTIN_MODEL_DIR:
+        return len
+    tokenizer_file = Path(model).expanduser() / "tokenizer.json"
+    if not (names_a_path(model) and tokenizer_file.is_file()):
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    except Exception:  # noqa: BLE001  (a tokenizer this cannot read, or no tokenizers: vLLM counts the tokens)
+        return None
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 def _rows(path: str) -> Iterator[dict[str, Any]]:
