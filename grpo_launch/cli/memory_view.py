@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from grpo_launch.contracts.memory import Budget, MemoryEstimate, parameter_count
-from grpo_launch.plan.advisor import PROXY_ORDER, Advice
+from grpo_launch.plan.advisor import RANKING, Advice
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -97,7 +97,9 @@ def print_advice(advice: Advice, console: Console) -> None:
         console.print(f"[bold]suggestions[/] none: {why}")
         return
     freed = f" (changing {' '.join(advice.freed)}: nothing fits with it)" if advice.freed else ""
-    console.print(f"[bold]suggestions[/] layouts that fit{freed}, best first by the throughput proxy: {PROXY_ORDER}")
+    console.print(f"[bold]suggestions[/] layouts that fit{freed}, best first by {RANKING}")
+    if advice.unranked:
+        console.print(f"  [yellow]{advice.unranked}[/]")
     for i, s in enumerate(advice.suggestions, 1):
         overrides = " ".join(s.overrides) or "(this plan as it is)"
         console.print(Text.assemble(f"  {i}. ", (overrides, "bold")))

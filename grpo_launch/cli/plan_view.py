@@ -1,4 +1,4 @@
-"""The rich view of a plan: the GPU grid, the processes, the files, the warnings."""
+"""The rich view of a plan: the GPU grid, the processes, the memory, the step time, the files, the warnings."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from grpo_launch.cli.memory_view import print_memory
+from grpo_launch.cli.prediction_view import print_prediction
 from grpo_launch.contracts.plan import Plan, VllmSettings
 from grpo_launch.plan.documents import document_text
 from grpo_launch.plan.launch_script import command_line
@@ -92,6 +93,8 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
     _scheduler(plan, console)
     console.print()
     print_memory(plan.memory, console)
+    console.print()
+    print_prediction(plan.prediction, console)
     console.print()
     console.print("[bold]files[/]     " + "  ".join(plan.files))
     for warning in plan.warnings:
