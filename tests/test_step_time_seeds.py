@@ -31,6 +31,12 @@ def test_the_held_out_cases_outnumber_the_fitted_constants():
     assert len(fit_step_time.FITTED) == 4 and len(held_out) + len(seed_cases.ORDERINGS) >= 12
 
 
+def test_the_docs_table_is_current():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "performance-model.md").read_text()
+    documented = text.split("<!-- seed-table -->\n", 1)[1].split("\n<!-- /seed-table -->", 1)[0]
+    assert documented == seed_cases.table(), "paste the table `python benchmarks/fit_step_time.py` prints"
+
+
 def test_the_fitted_constants_are_the_fit():
     fitted = fit_step_time.fit()
     for name, value in fitted.items():
