@@ -87,6 +87,12 @@ def test_no_numbers_where_the_tables_cannot_say_and_it_says_why(overrides, says)
     assert not p.predicted and p.step_s is None and p.gpu_hours is None and says in p.note
 
 
+def test_without_vllm_only_the_training_phase_is_predicted():
+    p = predicted("recipe=qwen1.5b-colocate", "vllm.enabled=false")
+    assert [ph.name for ph in p.phases] == ["training"] and p.phase("training").seconds > 0
+    assert p.accelerator == "H100" and p.mfu > 0
+
+
 def test_an_unknown_gpu_type_still_gets_suggestions_ranked_without_a_prediction():
     from grpo_launch.plan.advisor import advise
 

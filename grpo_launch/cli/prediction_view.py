@@ -19,7 +19,7 @@ def _phases(p: StepPrediction) -> Table:
         table.add_column(name, justify=justify, no_wrap=name != "how", overflow="fold",
                          style="dim" if name == "how" else "")
     for phase in p.phases:
-        share = f"{phase.seconds / p.step_s:.0%}" if phase.on_trainer_clock else "beside"
+        share = "beside" if not phase.on_trainer_clock else f"{phase.seconds / p.step_s:.0%}" if p.step_s else "-"
         table.add_row(f"  {phase.name}", f"{phase.seconds:.2f}", share, phase.detail)
     return table
 
@@ -29,6 +29,8 @@ def print_prediction(p: StepPrediction | None, console: Console) -> None:
         return
     if not p.predicted:
         console.print(f"[bold]step time[/] {p.note}")
+        if p.phases:
+            console.print(_phases(p))
         return
     median = f", {p.median_step_s:.1f} s without a sync" if p.median_step_s != p.step_s else ""
     mfu = f" · MFU {p.mfu:.1%}" if p.mfu is not None else ""

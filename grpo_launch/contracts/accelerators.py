@@ -6,7 +6,8 @@ The links a step-time prediction needs beside the device's own figures are the n
 to the host's memory (ZeRO offload), per GPU and in one direction. They belong to the server the GPU sits in, not to
 the GPU: each row gives the vendor's reference server for it (DGX and its NICs where one exists), and says so.
 
-`cluster.gpu_type` names a row (case and '-'/'_'/' ' ignored, aliases included). A type that is not here has no
+`cluster.gpu_type` names a row (case and '-'/'_'/' ' ignored, aliases included: the names torch gives the
+devices, less "NVIDIA ", are aliases). A type that is not here has no
 row: whatever needs a peak says "n/a" or "no prediction" rather than inventing one. CPUs have no row on purpose:
 a CPU's bf16 peak depends on its cores, vector units and clock, none of which a recipe states.
 
@@ -45,7 +46,8 @@ _PCIE_SERVER = ("assumed: a PCIe server with one {nic} Gb/s NIC per two GPUs ({e
 ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("H100", 989.4, 80, 3350, 450, "NVLink 4 (900 GB/s both directions)",
                 "NVIDIA H100 Tensor Core GPU datasheet, SXM5 column: BF16 Tensor Core 1,979 TFLOPS with sparsity "
-                "(989.4 dense), HBM3 3.35 TB/s, NVLink 900 GB/s", aliases=("H100-SXM", "H100-80GB", "H100-SXM5"),
+                "(989.4 dense), HBM3 3.35 TB/s, NVLink 900 GB/s",
+                aliases=("H100-SXM", "H100-80GB", "H100-SXM5", "H100 80GB HBM3"),
                 inter_node_gbs=50, host_link_gbs=64,
                 network_source=_DGX_H.format(dgx="NVIDIA DGX H100")),
     Accelerator("H100-PCIe", 756.5, 80, 2000, 64, "PCIe Gen5 x16 (128 GB/s both directions)",
@@ -60,12 +62,12 @@ ACCELERATORS: tuple[Accelerator, ...] = (
                 network_source=_DGX_H.format(dgx="NVIDIA DGX H200")),
     Accelerator("A100-80GB", 312.0, 80, 2039, 300, "NVLink 3 (600 GB/s both directions)",
                 "NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column: BF16 Tensor Core 312 TFLOPS (624 with "
-                "sparsity), HBM2e 2,039 GB/s, NVLink 600 GB/s", aliases=("A100", "A100-SXM"),
+                "sparsity), HBM2e 2,039 GB/s, NVLink 600 GB/s", aliases=("A100", "A100-SXM", "A100-SXM4-80GB"),
                 inter_node_gbs=25, host_link_gbs=32,
                 network_source=_DGX_A100),
     Accelerator("A100-40GB", 312.0, 40, 1555, 300, "NVLink 3 (600 GB/s both directions)",
                 "NVIDIA A100 Tensor Core GPU datasheet, 40GB SXM column: BF16 Tensor Core 312 TFLOPS, HBM2 "
-                "1,555 GB/s, NVLink 600 GB/s",
+                "1,555 GB/s, NVLink 600 GB/s", aliases=("A100-SXM4-40GB",),
                 inter_node_gbs=25, host_link_gbs=32,
                 network_source=_DGX_A100),
     Accelerator("L40S", 362.05, 48, 864, 32, "PCIe Gen4 x16 (64 GB/s both directions)",

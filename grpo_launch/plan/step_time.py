@@ -102,10 +102,12 @@ class Batches(Protocol):
 class StepModel:
     """The phases' costs for one plan: the pieces a placement's `step_time` combines."""
 
-    def __init__(self, config: Config, plan: Plan, shape: ModelShape, acc: Accelerator, placement: Batches):
+    def __init__(self, config: Config, plan: Plan, shape: ModelShape, acc: Accelerator, placement: Batches,
+                 lengths: Lengths | None = None):
+        """`lengths`: measured token counts to predict with instead of the assumed ones (a GPU run's check)."""
         self.config, self.plan, self.shape, self.acc = config, plan, shape, acc
         self.dtype_bytes = DTYPE_BYTES[config.model.dtype]
-        self.lengths = self._lengths()
+        self.lengths = lengths or self._lengths()
         self.batch = placement.training_batch(plan, self.lengths)
 
     def arg(self, name: str):
@@ -316,16 +318,13 @@ def _no_prediction(config: Config, plan: Plan, model: catalog.ResolvedModel | No
                 f"{', '.join(known_types())})")
     if model is None:
         return "no step-time prediction: the model's size is unknown (see the memory note)"
-    if not plan.vllm.enabled:
-        return ("no step-time prediction: generation runs in transformers (vllm.enabled=false), which the model "
-                "does not cover")
     return None
 
 
 def predict(config: Config, plan: Plan, placement: StepRules, model: catalog.ResolvedModel | None) -> StepPrediction:
     """The plan's step time, phase by phase, combined by its placement (`model`: the shape `catalog.resolve` found);
-    a prediction with a note and no numbers when the tables cannot say (a CPU, an unknown GPU type or model,
-    generation without vLLM)."""
+    a prediction with a note and no numbers when the tables cannot say (a CPU, an unknown GPU type or model), and
+    the training phase alone when generation runs in transformers, which the model does not cover."""
     c = config.cluster
     held = c.nodes * c.gpus_per_node if c.accelerator == "cuda" else 0
     in_use = len({(p.node, g) for p in plan.processes for g in p.gpus})
@@ -337,10 +336,16 @@ def predict(config: Config, plan: Plan, placement: StepRules, model: catalog.Res
         return StepPrediction(note=why_not, **common)
     acc = accelerator(c.gpu_type)
     steps = StepModel(config, plan, model.shape, acc, placement)
-    split = placement.step_time(steps)
-    b, fwd_bwd = steps.batch, steps.training.forward_backward_s
+    b, training = steps.batch, steps.training
     flops = b.micro_batches * b.tokens * steps.model_flops(b.sequence)
-    mfu = flops / (fwd_bwd * acc.peak_bf16_tflops * 1e12) if fwd_bwd else None
-    return StepPrediction(note="", accelerator=acc.name, phases=split.phases, step_s=split.step_s,
-                          median_step_s=split.median_step_s, bottleneck=split.bottleneck, samples_per_step=b.samples,
-                          mfu=mfu, assumptions=(steps.lengths.describe(),), **common)
+    mfu = flops / (training.forward_backward_s * acc.peak_bf16_tflops * 1e12) if training.forward_backward_s else None
+    known = {"accelerator": acc.name, "samples_per_step": b.samples, "mfu": mfu,
+             "assumptions": (steps.lengths.describe(),)}
+    if not plan.vllm.enabled:
+        return StepPrediction(note="no step-time prediction: generation runs in transformers (vllm.enabled=false), "
+                                   "which the model does not cover; the training phase alone is predicted",
+                              phases=(PhaseTime("training", training.seconds, detail=training.detail),),
+                              **known, **common)
+    split = placement.step_time(steps)
+    return StepPrediction(note="", phases=split.phases, step_s=split.step_s, median_step_s=split.median_step_s,
+                          bottleneck=split.bottleneck, **known, **common)
