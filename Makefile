@@ -47,7 +47,17 @@ slurm:
 			$(SLURM_PACKAGES); \
 	else echo "Slurm is missing ($$missing) and cannot be installed here (needs root with apt): the Slurm tests skip"; fi
 
-.PHONY: setup run test bench lint slurm
+# The GPU check (benchmarks/gpu_check.py) on a GPU machine that has torch, transformers, accelerate and peft but no
+# network: the other packages it needs travel as files, downloaded here into an ignored folder (about 10 MiB) for
+# that machine's CPython 3.12 on x86-64, without dependencies (each one is named). DeepSpeed and ANTLR's runtime
+# publish sources only; the GPU machine builds them without network (setuptools and torch are there).
+GPU_WHEELS := .cache/gpu-wheels
+GPU_WHEEL_PINS := trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 hjson==3.1.0 pydantic==2.14.4 \
+	pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 hydra-core==1.3.8 omegaconf==2.3.1
+GPU_SDIST_PINS := deepspeed==0.19.8 antlr4-python3-runtime==4.9.3
+GPU_SITE := /tmp/grpo-gpu-site
+
+.PHONY: setup run test bench lint slurm gpu-wheelhouse gpu-check
 setup: $(VLLM_STAMP)
 
 # The embedded recipe (tiny-cpu) generates with transformers inside the trainer: first contact in about a minute,
@@ -69,3 +79,18 @@ bench: $(VLLM_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check grpo_launch tests benchmarks constraints
+
+gpu-wheelhouse:
+	mkdir -p $(GPU_WHEELS)
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d $(GPU_WHEELS) $(GPU_WHEEL_PINS)
+	$(PYTHON) -m pip download -q --no-deps --no-binary=:all: -d $(GPU_WHEELS) $(GPU_SDIST_PINS)
+	du -sh $(GPU_WHEELS)
+
+# On the GPU machine, with $(GPU_WHEELS) carried along: the wheelhouse installed beside the machine's own packages,
+# then the check (under 8 minutes; results in gpu-check/). Without CUDA it plans, builds its model and exits 0.
+gpu-check:
+	@if [ -d $(GPU_WHEELS) ]; then DS_BUILD_OPS=0 $(PYTHON) -m pip install -q --no-index --no-deps \
+		--no-build-isolation --target $(GPU_SITE) $(GPU_WHEELS)/*; fi
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) DS_BUILD_OPS=0 $(PYTHON) benchmarks/gpu_check.py --out gpu-check \
+		$(if $(GPU_CHECK_RESULTS),--results $(GPU_CHECK_RESULTS))

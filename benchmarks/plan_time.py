@@ -6,6 +6,10 @@ Sweep target: `grpo plan -m recipe=qwen7b-server,qwen7b-colocate vllm.tensor_par
 most 3x one `grpo plan recipe=qwen7b-server`, warm and cold alike (Hydra composes each of the 4 choices of group
 options once; the 3 TP values are key overrides applied to a copy).
 
+Prediction target: the step-time prediction (grpo_launch.plan.step_time) adds at most 10% to that sweep's planning,
+measured in this process: the same 12 combinations composed and planned with the prediction and with it replaced by
+nothing, interleaved, median of each.
+
 `grpo plan` keeps each successful composition in a cache (grpo_launch/compose/cache.py), so planning a recipe again
 skips Hydra. Both are measured: "warm" is a repeated `grpo plan` (the cache answers), "cold" has the cache off
 (GRPO_COMPOSE_CACHE=0): Hydra composes the recipe every time, which alone costs about 90 ms here, half of it Hydra's
@@ -34,12 +38,47 @@ TARGET = 1.5
 SWEEP = [*GRPO, "plan", "-m", "recipe=qwen7b-server,qwen7b-colocate", "vllm.tensor_parallel_size=1,2,4", "zero=2,3"]
 ONE = [*GRPO, "plan", "recipe=qwen7b-server"]
 SWEEP_TARGET = 3.0
+PREDICTION_TARGET = 1.10
+PREDICTION_RUNS = 60
 
 
 def wall(argv: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env={"COLUMNS": "160", "PATH": "", **env})
     return time.perf_counter() - start
+
+
+def prediction_overhead() -> None:
+    """The sweep composed and planned in this process, with and without the step-time prediction."""
+    import grpo_launch.plan as planning
+    from grpo_launch.compose.sweep import compose_sweep
+    from grpo_launch.plan.sweep import plan_sweep
+
+    overrides = SWEEP[SWEEP.index("-m") + 1:]
+    predict = planning.predict_step_time
+
+    def sweep_s(with_prediction: bool) -> float:
+        planning.predict_step_time = predict if with_prediction else (lambda *args: None)
+        try:
+            start = time.perf_counter()
+            sweep, composed = compose_sweep(overrides, [])
+            plan_sweep(sweep, composed)
+            return time.perf_counter() - start
+        finally:
+            planning.predict_step_time = predict
+
+    sweep_s(True), sweep_s(False)  # warm the composition cache
+    samples: dict[bool, list[float]] = {True: [], False: []}
+    for run in range(PREDICTION_RUNS):  # in pairs, alternating which goes first: load changes hit both alike
+        for with_prediction in ((True, False) if run % 2 else (False, True)):
+            samples[with_prediction].append(sweep_s(with_prediction))
+    with_, without = (statistics.median(samples[w]) for w in (True, False))
+    ratio = statistics.median(a / b for a, b in zip(samples[True], samples[False], strict=True))
+    verdict = "meets" if ratio <= PREDICTION_TARGET else "MISSES"
+    print()
+    print(f"{'grpo plan -m, 12 combinations, in-process, prediction on/off':56} {'on':>8} {'off':>8} {'ratio':>6}")
+    print(f"  {'composed and planned (warm cache)':54} {with_ * 1000:6.1f}ms {without * 1000:6.1f}ms "
+          f"{ratio:6.3f} {verdict} <= {PREDICTION_TARGET:.2f}x ({PREDICTION_RUNS} pairs, median of their ratios)")
 
 
 def main() -> int:
@@ -74,6 +113,7 @@ def main() -> int:
         verdict = "meets" if sweep / one <= SWEEP_TARGET else "MISSES"
         print(f"  {mode:54} {sweep * 1000:6.0f}ms {one * 1000:6.0f}ms {sweep / one:6.2f} {verdict} <= "
               f"{SWEEP_TARGET:.0f}x")
+    prediction_overhead()
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

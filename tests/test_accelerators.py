@@ -18,3 +18,13 @@ def test_cpus_and_unknown_types_have_no_row():
     assert accelerator("cpu") is None
     assert accelerator("TPUv5") is None
     assert len(set(known_types())) == len(ACCELERATORS)
+
+
+def test_the_names_torch_gives_the_devices_resolve():
+    assert accelerator("H100 80GB HBM3").name == "H100" and accelerator("H200").name == "H200"
+    assert accelerator("A100-SXM4-80GB").name == "A100-80GB" and accelerator("H100 PCIe").name == "H100-PCIe"
+
+
+def test_every_row_has_network_and_host_links_with_their_source():
+    for a in ACCELERATORS:
+        assert a.inter_node_gbs > 0 and a.host_link_gbs > 0 and a.network_source

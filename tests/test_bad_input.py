@@ -536,3 +536,12 @@ def test_a_local_tokenizer_counts_a_files_dataset_prompts(tmp_path, monkeypatch,
     assert "takes 60 tokens, and vLLM serves only 56 beside the completion" in capsys.readouterr().err
     (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": " ".join(["word"] * 56)}) + "\n")
     assert main(["run", "--dry-run", *overrides, f"run.main_process_port={free_port()}"]) == 0
+
+
+@pytest.mark.parametrize("overrides", [["recipe=qwen7b-server", "cluster.gpu_type='[/]x [bold]y'"],
+                                       ["recipe=qwen7b-server", "trainer.run_name='[/]x [bold]y'"],
+                                       ["recipe=qwen7b-server", "vllm.extra_args=['--x=[/]x [bold]y']"]])
+def test_plan_prints_user_text_as_written(overrides, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "400")  # no cell wraps
+    assert main(["plan", *overrides]) == 0
+    assert "[/]x [bold]y" in capsys.readouterr().out

@@ -47,7 +47,7 @@ def test_suggest_prints_three_layouts_with_overrides():
     result = grpo("plan", "recipe=qwen72b-colocate", "--suggest", env=WIDE)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "suggestions" in out and "throughput proxy" in out
+    assert "suggestions" in out and "predicted completions per hour per GPU held" in out
     assert all(f"  {i}. " in out for i in (1, 2, 3))
     assert "32 trainer GPUs · colocate · ZeRO-3" in out
 

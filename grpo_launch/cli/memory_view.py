@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from grpo_launch.contracts.memory import Budget, MemoryEstimate, parameter_count
-from grpo_launch.plan.advisor import PROXY_ORDER, Advice
+from grpo_launch.plan.advisor import RANKING, Advice
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -99,7 +99,9 @@ def print_advice(advice: Advice, console: Console) -> None:
         console.print(f"[bold]suggestions[/] none: {escape(why)}")
         return
     freed = f" (changing {escape(' '.join(advice.freed))}: nothing fits with it)" if advice.freed else ""
-    console.print(f"[bold]suggestions[/] layouts that fit{freed}, best first by the throughput proxy: {PROXY_ORDER}")
+    console.print(f"[bold]suggestions[/] layouts that fit{freed}, best first by {escape(RANKING)}")
+    if advice.unranked:
+        console.print(f"  [yellow]{escape(advice.unranked)}[/]")
     for i, s in enumerate(advice.suggestions, 1):
         overrides = " ".join(s.overrides) or "(this plan as it is)"
         console.print(Text.assemble(f"  {i}. ", (overrides, "bold")))

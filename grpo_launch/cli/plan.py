@@ -17,6 +17,7 @@ EXAMPLES = """
   grpo plan recipe=qwen1.5b-colocate zero=3 --json | jq '.processes[].argv'
   grpo plan recipe=qwen72b-colocate --dry-run      also print every file grpo run would write
   grpo plan recipe=qwen72b-colocate zero=2 --suggest   why it does not fit, and three layouts that do
+  grpo plan recipe=qwen72b-colocate cluster.gpu_hour_price=2.5   the predicted step, GPU-hours and cost
   grpo plan -m recipe=qwen7b-server,qwen7b-colocate vllm.tensor_parallel_size=1,2,4 zero=2,3
                                                    12 layouts side by side (comma lists, range(), choice())
   grpo plan -m recipe=qwen72b-colocate vllm.sleep_level=0,2 zero=3,3-offload --sort throughput --json
@@ -40,7 +41,8 @@ def plan(
                                   "values (Hydra's sweep grammar: a,b,c, range(1,5), choice(a,b), glob(*) over a "
                                   "group) and print one table, a row per layout, refused ones with their reason."),
     sort: str | None = typer.Option(None, "--sort", metavar="COLUMN", help="With -m: order the rows by a column, "
-                                    "best first (throughput, headroom, ranks, fits, vllm-gpus, or a swept key)."),
+                                    "best first (throughput, step, gpu-hours, headroom, ranks, fits, vllm-gpus, or "
+                                    "a swept key)."),
     max_combinations: int | None = typer.Option(None, "--max-combinations", metavar="N", min=1, help="With -m: "
                                                 "the most combinations a sweep may plan (default 1000); a sweep of "
                                                 "more is refused before any is planned."),

@@ -1,4 +1,4 @@
-"""The rich view of a plan: the GPU grid, the processes, the files, the warnings."""
+"""The rich view of a plan: the GPU grid, the processes, the memory, the step time, the files, the warnings."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from grpo_launch.cli.memory_view import print_memory
+from grpo_launch.cli.prediction_view import print_prediction
 from grpo_launch.contracts.plan import Plan, VllmSettings
 from grpo_launch.plan.documents import document_text
 from grpo_launch.plan.launch_script import command_line
@@ -72,9 +73,9 @@ def vllm_settings_line(v: VllmSettings) -> str:
 def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None = None) -> None:
     console = console or Console(highlight=False)
     devices = "CPU process" if plan.accelerator == "cpu" else f"GPU ({plan.gpu_type} {plan.gpu_memory_gib:g}GB)"
-    console.print(f"[bold]{escape(plan.recipe)}[/] · placement={plan.placement} · {plan.nodes} node × "
-                  f"{plan.gpus_per_node} {devices} · {plan.parallelism} · {plan.launcher} · {plan.world_size} "
-                  f"trainer rank(s)")
+    console.print(f"[bold]{escape(plan.recipe)}[/] " + escape(f"· placement={plan.placement} · {plan.nodes} node × "
+                                                             f"{plan.gpus_per_node} {devices} · {plan.parallelism} · "
+                                                             f"{plan.launcher} · {plan.world_size} trainer rank(s)"))
     console.print()
     console.print(_grid(plan))
     console.print()
@@ -93,6 +94,8 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
     _scheduler(plan, console)
     console.print()
     print_memory(plan.memory, console)
+    console.print()
+    print_prediction(plan.prediction, console)
     console.print()
     console.print("[bold]files[/]     " + escape("  ".join(plan.files)))
     for warning in plan.warnings:

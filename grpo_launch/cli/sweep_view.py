@@ -10,7 +10,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from grpo_launch.plan.advisor import PROXY_ORDER
+from grpo_launch.cli.prediction_view import hours
+from grpo_launch.plan.advisor import RANKING
 from grpo_launch.plan.sweep import Row
 
 NOTE_WIDTH = 32
@@ -20,9 +21,17 @@ def _note(row: Row) -> Text:
     return Text(row.note, style="red" if row.plan is None or row.fits is False else "yellow")
 
 
+def _predicted(row: Row) -> list[Text]:
+    p = row.prediction
+    if p is None:
+        return [Text("-")] * 3
+    per_gpu = p.samples_per_hour_per_gpu
+    return [Text(f"{p.step_s:.1f}"), Text(f"{per_gpu:,.0f}"), Text(hours(p.gpu_hours))]
+
+
 def _cells(row: Row) -> list[Text]:
     if row.plan is None:
-        return [Text("-")] * 4 + [Text("refused", style="bold red"), Text("-")]
+        return [Text("-")] * 4 + [Text("refused", style="bold red")] + [Text("-")] * 4
     tight = row.tightest
     fits = {True: Text("yes", style="green"), False: Text("NO", style="bold red"), None: Text("?")}[row.fits]
     gpus = row.vllm_gpus
@@ -30,7 +39,7 @@ def _cells(row: Row) -> list[Text]:
     rank = "" if row.rank is None else f"{row.rank}" + (" ★" if row.rank == 1 else "")
     return [Text(str(row.plan.world_size)), Text(f"{gpus} shared" if shared else str(gpus or "-")),
             Text(f"{tight.role} · {tight.binding.name}" if tight else "-"),
-            Text(f"{tight.headroom_gib:.1f} of {tight.capacity_gib:g}" if tight else "-"), fits,
+            Text(f"{tight.headroom_gib:.1f} of {tight.capacity_gib:g}" if tight else "-"), fits, *_predicted(row),
             Text(rank, style="bold green" if row.rank == 1 else "")]
 
 
@@ -38,7 +47,9 @@ def _table(keys: tuple[str, ...], rows: list[Row], *, numbered: bool, notes: boo
     table = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
     columns = [("#", "right")] if numbered else []
     columns += [(key, "left") for key in keys] + [("ranks", "right"), ("vLLM GPUs", "right"), ("binds", "left"),
-                                                  ("headroom GiB", "right"), ("fits", "left"), ("throughput", "left")]
+                                                  ("headroom GiB", "right"), ("fits", "left"), ("step s", "right"),
+                                                  ("samples/h/GPU", "right"), ("GPU-h", "right"),
+                                                  ("throughput", "left")]
     for name, justify in columns:  # numbered: a narrow terminal, where cells wrap rather than lose their ends
         table.add_column(Text(name), justify=justify, no_wrap=not numbered or name == "#", overflow="fold")
     if notes:
@@ -66,8 +77,12 @@ def print_sweep(keys: tuple[str, ...], rows: list[Row], console: Console | None 
         for n, row in enumerate(rows, 1):
             if row.note:
                 console.print(Text.assemble(f"{n:>3}  ", _note(row)))
-    console.print(f"[dim]throughput: rank among the layouts that fit by the advisor's proxy ({PROXY_ORDER}); "
-                  f"★ the best. binds: the device and phase with the least headroom.[/]")
+    console.print(f"[dim]step s: predicted optimizer step; samples/h/GPU: completions trained per hour per GPU held; "
+                  f"GPU-h: for trainer.max_steps. throughput: rank among the layouts that fit by {RANKING}; ★ the "
+                  f"best. binds: the device and phase with the least headroom.[/]")
+    unpredicted = {r.plan.prediction.note for r in planned if r.prediction is None and r.plan.prediction}
+    for note in sorted(unpredicted):
+        console.print(f"[dim]{note}[/]")
 
 
 def sweep_json(keys: tuple[str, ...], rows: list[Row]) -> list[dict[str, Any]]:
@@ -79,8 +94,10 @@ def sweep_json(keys: tuple[str, ...], rows: list[Row]) -> list[dict[str, Any]]:
         if row.error is not None:
             entry["error"] = {"message": row.error.message, "key": row.error.key, "hint": row.error.hint}
         else:
+            plan = row.plan.to_json()
+            predicted = plan["prediction"] or {}
             entry |= {"fits": row.fits, "throughput_rank": row.rank, "best": row.rank == 1,
-                      "throughput_proxy": row.throughput._asdict() if row.throughput else None,
-                      "plan": row.plan.to_json()}
+                      **{k: predicted.get(k) for k in ("step_s", "samples_per_hour_per_gpu", "gpu_hours", "cost")},
+                      "plan": plan}
         out.append(entry)
     return out

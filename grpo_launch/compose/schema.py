@@ -62,9 +62,13 @@ class Cluster:
                       ge=1, le=1024)
     gpus_per_node: int = knob(8, "GPUs per machine (with accelerator=cpu: trainer processes per machine); at most 64: "
                                  "no machine holds more accelerators.", ge=1, le=64)
-    gpu_type: str = knob("H100", "GPU model, for the plan view and the memory estimate.")
+    gpu_type: str = knob("H100", "GPU model, a row of the accelerator table (H100, H200, A100-80GB, ...): the "
+                                 "plan view, the memory estimate and the step-time prediction read it.")
     gpu_memory_gib: float = knob(80.0, "Memory of one GPU in GiB.", gt=0)
     host_memory_gib: float = knob(2048.0, "CPU memory of one machine in GiB.", gt=0)
+    gpu_hour_price: float | None = knob(None, "Price of one GPU-hour, in any currency: the plan prices the "
+                                              "predicted GPU-hours of trainer.max_steps with it; null: no cost.",
+                                        ge=0)
     hosts: list[str] = knob(factory=list, doc="Address of each machine, node 0 first. Empty: one node, or "
                                               "several CPU nodes with scheduler=local, run on this machine "
                                               "(127.0.0.1); otherwise node K's address is read where the job "

@@ -14,6 +14,7 @@ from typing import Any
 from grpo_launch.contracts import hosts
 from grpo_launch.contracts.inputs import Data, Lora
 from grpo_launch.contracts.memory import MemoryEstimate
+from grpo_launch.contracts.performance import StepPrediction
 from grpo_launch.contracts.rundir import ACCELERATE_FILE, PLAN_FILE
 from grpo_launch.contracts.typed import build
 
@@ -198,12 +199,14 @@ class Plan:
     scheduler: SchedulerPlan | None = None     # who starts the processes on the machines
     warnings: tuple[str, ...] = field(default=())
     memory: MemoryEstimate | None = None       # per GPU and phase, and per node's host memory
+    prediction: StepPrediction | None = None   # one optimizer step's time by phase, and the run's GPU-hours
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         for spec in data["processes"]:
             spec["cuda_visible_devices"] = spec["env"].get("CUDA_VISIBLE_DEVICES")
         data["memory"] = self.memory.to_json() if self.memory else None
+        data["prediction"] = self.prediction.to_json() if self.prediction else None
         return json.loads(json.dumps(data))  # tuples become lists, as they read back
 
     @classmethod
@@ -216,7 +219,8 @@ class Plan:
         data = self.to_json()
         if not hosts.variables_in(data):
             return self
-        return dataclasses.replace(Plan.from_json(hosts.resolve(data, env)), memory=self.memory)  # JSON rounds it
+        return dataclasses.replace(Plan.from_json(hosts.resolve(data, env)), memory=self.memory,
+                                   prediction=self.prediction)  # JSON rounds them
 
     def process(self, name: str) -> ProcessSpec:
         return next(p for p in self.processes if p.name == name)

@@ -349,10 +349,12 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
                         phases=phases) for (role, phases), nodes in groups.items())
 
 
-def estimate(config: Config, plan: Plan, workloads: Workloads) -> MemoryEstimate:
-    """The memory every GPU and node of `plan` needs, per phase; empty (with a note) for a model it cannot size."""
+def estimate(config: Config, plan: Plan, workloads: Workloads,
+             resolved: catalog.ResolvedModel | None) -> MemoryEstimate:
+    """The memory every GPU and node of `plan` needs, per phase; empty (with a note) for a model it cannot size.
+    `resolved` is `catalog.resolve(config.model)`, which the planner resolves once for the estimate and the
+    step-time prediction."""
     name = config.model.name_or_path
-    resolved = catalog.resolve(config.model)
     if resolved is None:
         return MemoryEstimate(model=name, source="", parameters=0, trainable_parameters=0, gpus=(), hosts=(),
                               notes=(f"memory not estimated: '{name}' is not in the catalog and has no local "

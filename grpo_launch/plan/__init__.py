@@ -2,7 +2,9 @@
 
 Every rule that makes a layout valid lives here: the checks no placement owns (`checks`), the placement's own
 (`placements/`), TRL's rules at the plan's world size (`trl_rules`), GPU and port assignment (`layout`, `ports`),
-the generated files (`documents`, `launch_script`). `build_plan` twice on the same config gives equal plans.
+the generated files (`documents`, `launch_script`). The memory estimate sizes the plan and `step_time` predicts
+its optimizer step, each placement combining the phases its own way. `build_plan` twice on the same config gives
+equal plans.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.plan import Engine, Plan, ProcessSpec
 from grpo_launch.contracts.rundir import ACCELERATE_FILE, DEEPSPEED_FILE, LAUNCH_FILE
 from grpo_launch.errors import UserError
+from grpo_launch.memory import catalog
 from grpo_launch.memory.estimate import estimate as estimate_memory
 from grpo_launch.plan.checks import (
     builtin_model,
@@ -33,6 +36,7 @@ from grpo_launch.plan.placements import placement_of
 from grpo_launch.plan.placements.base import Placement
 from grpo_launch.plan.processes import prepare_steps, trainer_processes
 from grpo_launch.plan.schedulers import scheduler_of
+from grpo_launch.plan.step_time import predict as predict_step_time
 from grpo_launch.plan.trainer_args import build_trainer_args, build_trainer_inputs
 
 if TYPE_CHECKING:
@@ -135,4 +139,6 @@ def _planned(composed: Composed) -> Plan:
         scheduler=scheduled,
         warnings=tuple(ctx.warnings + _idle_warning(layout, config)),
     )
-    return replace(plan, memory=estimate_memory(config, plan, placement))  # the CLI decides whether a misfit is fatal
+    model = catalog.resolve(config.model)  # the one read planning may do: a local model's config.json
+    plan = replace(plan, memory=estimate_memory(config, plan, placement, model))  # the CLI decides if a misfit is fatal
+    return replace(plan, prediction=predict_step_time(config, plan, placement, model))

@@ -1,4 +1,4 @@
-"""The layout advisor: re-plan the knobs a user left free, keep the layouts that fit, rank them by a throughput proxy.
+"""The layout advisor: re-plan the knobs a user left free, keep the layouts that fit, rank them by predicted time.
 
 Knobs: placement (colocate or server), ZeRO stage and offload, vLLM TP, sleep level, gpu_memory_utilization, and
 the micro-batch (per_device_train_batch_size halved, gradient_accumulation_steps doubled: the same completions per
@@ -6,16 +6,10 @@ optimizer step). A candidate is the typed `Config` with those fields replaced, p
 placement modules' rules decide validity (a candidate that raises `UserError` is simply not a layout), the memory
 estimate decides fit. Knobs set on the command line stay as given, unless no layout fits with them.
 
-The throughput proxy, best first (docs/memory.md):
-  1. more GPUs training (the colocate post: every GPU training beats dedicating some to vLLM);
-  2. less offload (none, optimizer, optimizer and parameters: each moves states over PCIe every step);
-  3. vLLM awake while training (sleep level 0: no weight reload before every generation);
-  4. ZeRO stage below 3 (stage 3 gathers the weights in every forward and backward);
-  5. larger micro-batches (the async post: fewer, fuller micro-batches raised MFU 5x);
-  6. vLLM TP near the model's size: the smallest TP that brings vLLM's weights under a tenth of a GPU (TP slowed
-     the post's 1.5B model and sped up its 7B and 72B ones);
-  7. a KV cache holding every sequence vLLM runs at once;
-  8. fewer changes to the recipe; then more headroom.
+The ranking, best first (docs/memory.md, "The advisor"): the step-time model's (`plan.step_time`) GPU-seconds per
+trained completion on the GPUs the cluster holds, i.e. the most completions per hour per GPU paid for, where
+predictions less than TIE_SHARE apart count as equal; then fewer changes to the recipe; then more memory headroom. A
+plan the model cannot predict (an unknown GPU type) ranks by changes and headroom alone, and the advice says so.
 """
 
 from __future__ import annotations
@@ -27,10 +21,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from grpo_launch.compose.schema import Config
-from grpo_launch.contracts.memory import GIB
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.errors import UserError
-from grpo_launch.memory.estimate import DTYPE_BYTES
 from grpo_launch.plan import build_plan
 from grpo_launch.plan.placements import PLACEMENTS
 
@@ -40,10 +32,12 @@ if TYPE_CHECKING:
 # (stage, offload_optimizer, offload_param), least offload first.
 ZERO_CHOICES = ((0, False, False), (1, False, False), (2, False, False), (3, False, False),
                 (1, True, False), (2, True, False), (3, True, False), (3, True, True))
-TP_WEIGHT_SHARE = 0.1  # preferred TP: the smallest bringing vLLM's weights under this share of a GPU
-# The throughput proxy in words, for the views that rank by it.
-PROXY_ORDER = ("more GPUs training, less offload, vLLM awake, ZeRO below 3, larger micro-batches, TP for the model's "
-               "size, room for every sequence, fewer changes")
+# Predictions closer than this are ties: the model does not resolve them (its seed cases land within 20%), so a
+# change to the recipe must win by more to be suggested first.
+TIE_SHARE = 0.02
+# The ranking in words, for the views that rank by it.
+RANKING = (f"predicted completions per hour per GPU held (the step-time model; within {TIE_SHARE:.0%} a tie), then "
+           f"fewer changes, then more headroom")
 # Command-line keys that pin knobs: the advisor keeps what the user chose.
 PINS = {
     "placement": ("placement",), "placement.kind": ("placement",),
@@ -108,16 +102,10 @@ class Knobs:
         return tuple(out)
 
 
-class Throughput(NamedTuple):
-    """The throughput proxy of one layout (the module's docstring), compared field by field: lower is better."""
+class Ranking(NamedTuple):
+    """How one layout ranks (the module's docstring), compared field by field: lower is better."""
 
-    fewer_trainer_gpus: int         # minus the trainer ranks
-    offload: int                    # 0 none, 1 optimizer states, 2 optimizer states and parameters
-    vllm_sleeps: bool
-    zero3: bool
-    smaller_micro_batch: int        # minus per_device_train_batch_size
-    tp_off_model_size: float        # |log2(TP / preferred TP)|
-    kv_cache_short: bool            # vLLM cannot hold every sequence it runs at once
+    cost_per_sample: float          # log of GPU-seconds per completion in steps of TIE_SHARE; inf when not predicted
     changes: int                    # overrides from the recipe
     less_headroom: float            # minus the tightest budget's headroom, GiB
 
@@ -127,7 +115,7 @@ class Suggestion:
     knobs: Knobs
     overrides: tuple[str, ...]      # empty: the plan as it is
     plan: Plan
-    score: Throughput
+    score: Ranking
 
     @property
     def summary(self) -> str:
@@ -141,6 +129,10 @@ class Suggestion:
         parts.append(f"micro-batch {k.micro_batch}")
         worst = min(p.memory.gpus + p.memory.hosts, key=lambda b: b.headroom_gib)
         parts.append(f"peak {worst.peak_gib:.1f} of {worst.capacity_gib:g} GiB ({worst.role}, {worst.binding.name})")
+        predicted = p.prediction
+        if predicted is not None and predicted.predicted:
+            parts.append(f"step {predicted.step_s:.1f} s, {predicted.samples_per_hour_per_gpu:,.0f} completions/h "
+                         f"per GPU")
         return " · ".join(parts)
 
 
@@ -149,6 +141,7 @@ class Advice:
     suggestions: tuple[Suggestion, ...]
     freed: tuple[str, ...] = ()     # command-line choices the suggestions change: nothing fits with them
     skipped: str = ""               # why there was nothing to search
+    unranked: str = ""              # why the suggestions are not ranked by predicted time
 
 
 def _pinned(overrides: tuple[str, ...]) -> set[str]:
@@ -165,30 +158,21 @@ def _tp_options(config: Config) -> list[int]:
     return [d for d in range(1, gpus + 1) if gpus % d == 0]
 
 
-def _preferred_tp(config: Config, plan: Plan) -> int:
-    options = _tp_options(config)
-    weights_gib = DTYPE_BYTES[config.model.dtype] * plan.memory.parameters / GIB
-    fitting = [tp for tp in options if weights_gib / tp <= TP_WEIGHT_SHARE * plan.gpu_memory_gib]
-    return fitting[0] if fitting else options[-1]
+def gpu_seconds_per_sample(plan: Plan) -> float:
+    """GPUs held x predicted step time / completions per step: what one trained completion costs; inf when the plan
+    has no prediction."""
+    p = plan.prediction
+    if p is None or not p.predicted or not p.samples_per_step:
+        return math.inf
+    return p.gpus_held * p.step_s / p.samples_per_step
 
 
-def _score(knobs: Knobs, plan: Plan, base: Knobs, preferred_tp: int) -> Throughput:
+def _score(knobs: Knobs, plan: Plan, base: Knobs) -> Ranking:
     memory = plan.memory
-    offload = 2 if knobs.offload_param else 1 if knobs.offload_optimizer else 0
-    kv = [b.kv_cache for b in memory.gpus if b.kv_cache]
-    kv_short = any(not k.holds_batch for k in kv)
     headroom = min(b.headroom_gib for b in memory.gpus + memory.hosts)
-    return Throughput(-plan.world_size, offload, knobs.sleep_level > 0, knobs.stage == 3, -knobs.micro_batch,
-                      abs(math.log2(knobs.tp / preferred_tp)), kv_short, len(knobs.changes(base)), -headroom)
-
-
-def throughput(config: Config, plan: Plan) -> Throughput | None:
-    """The proxy of a plan as it is (no changes from its recipe), or None when its memory is not estimated: how
-    `grpo plan -m` ranks the layouts of a sweep."""
-    if plan.memory is None or not plan.memory.estimated:
-        return None
-    knobs = Knobs.of(config, plan)
-    return _score(knobs, plan, knobs, _preferred_tp(config, plan))
+    cost = gpu_seconds_per_sample(plan)
+    bucket = round(math.log(cost) / math.log1p(TIE_SHARE)) if math.isfinite(cost) else math.inf
+    return Ranking(bucket, len(knobs.changes(base)), -headroom)
 
 
 def _micro_batches(base: Knobs) -> Iterator[tuple[int, int]]:
@@ -212,8 +196,7 @@ def _over_capacity(plan: Plan) -> bool:
     return any(b.headroom_gib < 0 for b in plan.memory.gpus + plan.memory.hosts)
 
 
-def _best_of_shape(composed: Composed, shape: Knobs, base: Knobs, pinned: set[str],
-                   preferred_tp: int) -> Suggestion | None:
+def _best_of_shape(composed: Composed, shape: Knobs, base: Knobs, pinned: set[str]) -> Suggestion | None:
     """The best micro-batch and utilization for one placement, ZeRO, TP and sleep choice."""
     choices = set(PLACEMENTS[shape.placement].utilization_choices)
     utilizations = sorted(choices | ({base.utilization} if shape.placement == base.placement else set()))
@@ -228,7 +211,7 @@ def _best_of_shape(composed: Composed, shape: Knobs, base: Knobs, pinned: set[st
             if plan is None:
                 break
             if plan.memory.fits:
-                found.append(Suggestion(knobs, knobs.changes(base), plan, _score(knobs, plan, base, preferred_tp)))
+                found.append(Suggestion(knobs, knobs.changes(base), plan, _score(knobs, plan, base)))
             elif _over_capacity(plan):
                 break
         if found:
@@ -255,9 +238,8 @@ def _shapes(base: Knobs, config: Config, pinned: set[str]) -> Iterator[Knobs]:
 def _search(composed: Composed, plan: Plan, pinned: set[str], limit: int) -> list[Suggestion]:
     config = composed.config
     base = Knobs.of(config, plan)
-    preferred = _preferred_tp(config, plan)
     found = [s for shape in _shapes(base, config, pinned)
-             if (s := _best_of_shape(composed, shape, base, pinned, preferred)) is not None]
+             if (s := _best_of_shape(composed, shape, base, pinned)) is not None]
     return sorted(found, key=lambda s: s.score)[:limit]
 
 
@@ -270,14 +252,16 @@ def advise(composed: Composed, plan: Plan, limit: int = 3) -> Advice:
     pinned = _pinned(composed.overrides)
     if not plan.vllm.enabled:  # the vLLM knobs change nothing
         pinned |= {"tp", "sleep_level", "utilization"}
+    unranked = "" if plan.prediction is None or plan.prediction.predicted else \
+        f"{plan.prediction.note}; ranked by fewer changes, then headroom"
     found = _search(composed, plan, pinned, limit)
     if found or not _pinned(composed.overrides):
-        return Advice(tuple(found))
+        return Advice(tuple(found), unranked=unranked)
     found = _search(composed, plan, pinned - _pinned(composed.overrides), limit)
     base = Knobs.of(composed.config, plan)
     freed = tuple(o for o in composed.overrides
                   if any(getattr(s.knobs, k) != getattr(base, k) for s in found for k in _pinned((o,))))
-    return Advice(tuple(found), freed)
+    return Advice(tuple(found), freed, unranked=unranked)
 
 
 def _misfit_lines(plan: Plan) -> list[str]:

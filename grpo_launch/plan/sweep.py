@@ -1,5 +1,6 @@
 """The layouts of a sweep side by side (`grpo plan -m`): each combination planned, or refused with its reason, and
-those that fit ranked by the advisor's throughput proxy. Pure, like `build_plan`: a refusal is a row, not an end.
+those that fit ranked by their predicted completions per hour per GPU held (the step-time model; the advisor's
+ranking). Pure, like `build_plan`: a refusal is a row, not an end.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from grpo_launch.contracts.memory import Budget
+from grpo_launch.contracts.performance import StepPrediction
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.errors import UserError, did_you_mean
 from grpo_launch.plan import build_plan
-from grpo_launch.plan.advisor import Throughput, throughput
+from grpo_launch.plan.advisor import gpu_seconds_per_sample
 
 if TYPE_CHECKING:
     from grpo_launch.compose import Composed
@@ -24,8 +26,13 @@ class Row:
     combination: Combination
     plan: Plan | None = None
     error: UserError | None = None
-    throughput: Throughput | None = None    # for the rows that fit
-    rank: int | None = None                 # by the throughput proxy among the rows that fit; 1 is the best
+    rank: int | None = None                 # by predicted throughput among the rows that fit; 1 is the best
+
+    @property
+    def prediction(self) -> StepPrediction | None:
+        """The plan's step-time prediction when it has numbers."""
+        p = self.plan.prediction if self.plan is not None else None
+        return p if p is not None and p.predicted else None
 
     @property
     def fits(self) -> bool | None:
@@ -68,9 +75,9 @@ def plan_sweep(sweep: Sweep, composed: list[Composed | UserError]) -> list[Row]:
         except UserError as e:
             rows.append(Row(combination, error=e))
             continue
-        row = Row(combination, plan=plan)
-        rows.append(replace(row, throughput=throughput(result.config, plan)) if row.fits else row)
-    ranked = sorted((r for r in rows if r.throughput is not None), key=lambda r: r.throughput)
+        rows.append(Row(combination, plan=plan))
+    ranked = sorted((r for r in rows if r.fits and r.prediction is not None),
+                    key=lambda r: gpu_seconds_per_sample(r.plan))
     ranks = {id(r): n for n, r in enumerate(ranked, 1)}
     return [replace(r, rank=ranks.get(id(r))) for r in rows]
 
@@ -89,6 +96,8 @@ ORDERS: dict[str, Callable[[Row], Any]] = {
     "headroom": lambda r: None if r.tightest is None else -r.tightest.headroom_gib,
     "fits": lambda r: None if r.fits is None else not r.fits,
     "throughput": lambda r: r.rank,
+    "step": lambda r: None if r.prediction is None else r.prediction.step_s,
+    "gpu-hours": lambda r: None if r.prediction is None else r.prediction.gpu_hours,
 }
 
 

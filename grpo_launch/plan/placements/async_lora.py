@@ -29,6 +29,15 @@ from grpo_launch.plan.processes import (
     vllm_env,
     vllm_serve_argv,
 )
+from grpo_launch.plan.step_time import (
+    ADAPTER_SYNC_S,
+    ROW_FILL,
+    Lengths,
+    PhaseTime,
+    StepModel,
+    StepSplit,
+    TrainingBatch,
+)
 
 DEFAULT_REPLICAS = 2
 # AsyncGRPOTrainer always runs TRL's tree attention; this picks its kernel (grpo_launch.trainer.tree_attention).
@@ -195,6 +204,55 @@ class AsyncLora(Placement):
         tokens = plan.batch["per_device_train_batch_size"] * row
         return Workload(tokens=tokens, logit_tokens=tokens, reference_model=False, gather_for_generation=False,
                         generation_sequences=0)
+
+    def training_batch(self, plan: Plan, lengths: Lengths) -> TrainingBatch:
+        """AsyncGRPOTrainer packs samples without padding: rows of token_budget tokens (the server's max_model_len
+        when unset), about ROW_FILL full, or per_device_train_batch_size samples per row when token_budget <= 0.
+        The sampling log-probabilities come from vLLM: no extra forward."""
+        b = plan.batch
+        budget = b["token_budget"] if b["token_budget"] is not None else plan.vllm.max_model_len
+        rows = b["gradient_accumulation_steps"]
+        if budget and budget > 0:
+            tokens = budget * ROW_FILL
+            samples = plan.world_size * rows * tokens / lengths.sample
+            detail = f"rows of token_budget {budget} packed {ROW_FILL:.0%} full, {tokens / lengths.sample:.1f} samples"
+        else:
+            tokens = b["per_device_train_batch_size"] * lengths.sample
+            samples = plan.world_size * rows * b["per_device_train_batch_size"]
+            detail = f"{b['per_device_train_batch_size']} sample(s) per row, unpadded"
+        return TrainingBatch(micro_batches=rows, tokens=tokens, sequence=lengths.sample, samples=samples,
+                             no_grad_forwards=0, generation_rounds=0, detail=detail)
+
+    def step_time(self, model: StepModel) -> StepSplit:
+        """The replicas generate while the trainer trains; the step takes the longer of the two, and a sync (every
+        weight_sync_steps steps, the replicas paused) adds to it. In-flight requests bound how many sequences each
+        replica runs; staleness and the queue only bound how far generation may run ahead."""
+        plan, batch = model.plan, model.batch
+        get = lambda name: trl_fields.effective(plan.trainer_args, self.trainer_class, name)  # noqa: E731
+        in_flight = get("max_inflight_tasks")
+        if in_flight < 0:  # TRL's automatic value: max_staleness x the fixed-count batch of a step
+            b = plan.batch
+            in_flight = max(get("max_staleness"), 1) * b["per_device_train_batch_size"] \
+                * b["gradient_accumulation_steps"] * plan.world_size
+        generation, how = model.stream_generation(batch.samples, in_flight)
+        training = model.training
+        every = get("weight_sync_steps")
+        sync = ADAPTER_SYNC_S / every
+        busy = max(training.seconds, generation)
+        waiting = max(0.0, generation - training.seconds)
+        phases = (PhaseTime("generation", generation, on_trainer_clock=False,
+                            detail=f"the replicas' busy time for {batch.samples:.0f} samples: {how}"),
+                  PhaseTime("weight_sync", sync, detail=f"an adapter through files every {every} step(s), "
+                                                        f"{ADAPTER_SYNC_S:g} s each"),
+                  PhaseTime("training", training.seconds, detail=training.detail),
+                  PhaseTime("waiting", waiting, detail="the trainer waiting for rollouts"))
+        if generation > training.seconds:
+            bottleneck = (f"generation: the replicas need {generation:.1f} s per step against the trainer's "
+                          f"{training.seconds:.1f} s (more replicas or trainer.max_inflight_tasks, now {in_flight})")
+        else:
+            bottleneck = (f"training: the trainer needs {training.seconds:.1f} s per step, the replicas "
+                          f"{generation:.1f} s")
+        return StepSplit(phases, busy + sync, busy if every > 1 else busy + sync, bottleneck)
 
     def model_args(self, config: Config) -> dict[str, Any]:
         args = super().model_args(config)

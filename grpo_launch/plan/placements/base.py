@@ -10,6 +10,7 @@ from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.plan import Plan, VllmSettings
 from grpo_launch.memory.estimate import Workload
 from grpo_launch.plan.context import Context, PlacementResult
+from grpo_launch.plan.step_time import Lengths, StepModel, StepSplit, TrainingBatch
 from grpo_launch.plan.trl_rules import grpo_batch
 
 
@@ -44,6 +45,32 @@ class Placement(ABC):
                         reference_model=get("beta") > 0 and plan.trainer_inputs.lora is None,
                         gather_for_generation=bool(get("ds3_gather_for_generation")),
                         generation_sequences=plan.batch["generation_batch_size"] // plan.world_size)
+
+    def training_batch(self, plan: Plan, lengths: Lengths) -> TrainingBatch:
+        """What one rank trains per optimizer step (GRPOTrainer): micro-batches of whole sequences padded to the
+        longest completion of the rank's generation batch; an extra forward per generation scores the old
+        log-probabilities (with vLLM's importance-sampling correction, TRL's default, or when generation and
+        optimizer steps are misaligned), and one more runs the reference model (beta > 0, full weights)."""
+        get = lambda name: trl_fields.effective(plan.trainer_args, self.trainer_class, name)  # noqa: E731
+        b = plan.batch
+        per_device, accumulation, steps = (b["per_device_train_batch_size"], b["gradient_accumulation_steps"],
+                                           b["steps_per_generation"])
+        iterations = get("num_iterations")
+        padded = lengths.prompt + lengths.longest(per_device * steps)
+        scoring = (plan.vllm.enabled and get("vllm_importance_sampling_correction")) or \
+            accumulation % (steps * iterations) != 0
+        reference = get("beta") > 0 and plan.trainer_inputs.lora is None
+        extra = (scoring + reference) / iterations
+        what = ", ".join(w for w, on in (("old-logprob forward", scoring), ("reference forward", reference)) if on)
+        return TrainingBatch(micro_batches=accumulation, tokens=per_device * padded, sequence=padded,
+                             samples=per_device * plan.world_size * accumulation, no_grad_forwards=extra,
+                             generation_rounds=accumulation / (steps * iterations),
+                             detail=f"{per_device} sequence(s) padded to {padded:.0f} tokens"
+                                    + (f"; {what}" if what else ""))
+
+    @abstractmethod
+    def step_time(self, model: StepModel) -> StepSplit:
+        """How this placement's phases combine into one optimizer step (the model's costs, `plan.step_time`)."""
 
     def model_args(self, config: Config) -> dict[str, Any]:
         """How the model's settings reach TRL: its own `dtype` field where the config class has one, else the

@@ -15,6 +15,7 @@ from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import shared_layout
 from grpo_launch.plan.placements.base import Placement
 from grpo_launch.plan.processes import vllm_env
+from grpo_launch.plan.step_time import StepModel, StepSplit, one_after_another
 
 # TRL builds the colocated engine with LLM(max_num_batched_tokens=4096) (trl/generation/vllm_generation.py).
 TRL_BATCHED_TOKENS = 4096
@@ -88,6 +89,17 @@ class Colocate(Placement):
         return PlacementResult(layout=layout, engines=engines, services=[], trainer_args=args,
                                trainer_depends_on=(), vllm=settings, trainer_env=vllm_env(config),
                                weight_sync="reload" if cpu else "trl")
+
+    def step_time(self, model: StepModel) -> StepSplit:
+        """Every GPU generates, loads the new weights into its engine, then trains: one after another. Sleep level 2
+        frees and re-maps the engine's memory around training; the weights are loaded after every step either way."""
+        tp = model.plan.vllm.tensor_parallel_size
+        gather, load = model.gather_s(), model.load_s(tp)
+        sync = (gather + load, ("weights gathered from their shards, " if gather else "")
+                + f"copied into the engine on the same GPU (TP {tp})")
+        training = model.training
+        return one_after_another(model.batch_generation(), sync, (training.seconds, training.detail),
+                                 why="every GPU generates, then trains")
 
     def sized_vllm(self, result: PlacementResult, batch: dict[str, Any]) -> VllmSettings:
         """TRL sizes each colocated engine for its TP group's share of one generation round."""

@@ -14,6 +14,7 @@ from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import dedicated_layout
 from grpo_launch.plan.placements.base import Placement
 from grpo_launch.plan.processes import base_env, require_servers, serve_batch_limits, vllm_env, vllm_serve_argv
+from grpo_launch.plan.step_time import StepModel, StepSplit, one_after_another
 
 
 class Server(Placement):
@@ -57,3 +58,17 @@ class Server(Placement):
         return PlacementResult(layout=layout, engines=[Engine(0, node, gpus, process="vllm", url=url)],
                                services=[server], trainer_args=args, trainer_depends_on=("vllm",), vllm=settings,
                                weight_sync="trl" if cuda else "reload")
+
+    def step_time(self, model: StepModel) -> StepSplit:
+        """The trainer's ranks wait while the server generates, then the server waits while they train; the new
+        weights go from trainer rank 0 to the server over NCCL in between."""
+        plan = model.plan
+        server = plan.engines[0]
+        across = server.node not in {p.node for p in plan.processes if p.role == "trainer"}
+        gather = model.gather_s()
+        sync = (gather + model.broadcast_s(across), ("weights gathered from their shards, " if gather else "")
+                + f"broadcast to the server {'across nodes' if across else 'inside the node'}")
+        training = model.training
+        return one_after_another(model.batch_generation(), sync, (training.seconds, training.detail),
+                                 why=f"the {plan.world_size} trainer GPUs wait while the server's {len(server.gpus)} "
+                                     f"generate, and the server waits while they train")
