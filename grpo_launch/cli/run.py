@@ -76,9 +76,11 @@ def run(
 ) -> None:
     """Train: write the run directory, start every process of the plan in order, stop them all together."""
     from rich.console import Console
+    from rich.text import Text
 
     from grpo_launch.compose import anchored, compose
     from grpo_launch.contracts.rundir import CONFIG_FILE
+    from grpo_launch.contracts.shell import shell_line
     from grpo_launch.errors import UserError
     from grpo_launch.materialize import config_document, new_run_dir, run_files
     from grpo_launch.plan import build_plan
@@ -86,8 +88,8 @@ def run(
     if multirun:
         raise UserError("grpo run starts one run at a time: -m (a sweep) is for grpo plan -m, which plans every "
                         "combination side by side", key="-m",
-                        hint=f"grpo plan -m {' '.join(overrides or [])}, then grpo run with the overrides of the "
-                             f"row you pick".replace("  ", " "))
+                        hint=f"{shell_line(['grpo', 'plan', '-m', *(overrides or [])])}, then grpo run with the "
+                             f"overrides of the row you pick")
     overrides, dirs = list(overrides or []), list(recipes_dir or [])
     if rehearse:
         from grpo_launch.cli.rehearse import rehearse_recipe
@@ -126,14 +128,16 @@ def run(
         from grpo_launch.plan.launch_script import command_line
 
         for step in the_plan.prepare:
-            console.print(f"[bold]prepare[/] {step.name}: {' '.join(step.argv)}", markup=True)
+            console.print(Text.assemble(("prepare", "bold"), f" {step.name}: {shell_line(step.argv)}"))
         for p in the_plan.processes:
-            console.print(f"[bold]start[/] {p.name} (node {p.node}): {command_line(p)}", soft_wrap=True)
+            console.print(Text.assemble(("start", "bold"), f" {p.name} (node {p.node}): {command_line(p)}"),
+                          soft_wrap=True)
         for name, text in run_files(composed, the_plan, dirs).items():
             console.rule(name)
             console.print(text, markup=False, soft_wrap=True)
         if the_plan.scheduler.submit:
-            console.print(f"[bold]would then run[/] {' '.join(the_plan.scheduler.submit)} (in the run directory)")
+            console.print(Text.assemble(("would then run", "bold"),
+                                        f" {shell_line(the_plan.scheduler.submit)} (in the run directory)"))
         return
     from grpo_launch.cli.launching import launch_local, submit
 

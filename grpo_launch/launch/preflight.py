@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import glob
 import importlib.metadata
+import os
 import socket
 
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.secrets import missing_keys
 from grpo_launch.errors import UserError
 
 VLLM_INSTALL = {"cuda": "pip install 'grpo-launch[vllm]' (vLLM in TRL 1.16's range)",
@@ -56,3 +58,13 @@ def check_ports_free(plan: Plan, node: int) -> None:
                 raise UserError(f"port {claim.port} ({claim.owner}) is already in use on this machine",
                                 key=claim.key, hint=f"stop what holds it, or set {claim.key} to another "
                                                     f"port") from None
+
+
+def check_keys_set(plan: Plan) -> None:
+    """A server that requires a key (a proxy beyond loopback) needs it in the environment, where it and its clients
+    read it: say so before anything starts."""
+    missing = missing_keys(plan, os.environ)
+    if missing:
+        raise UserError(f"{missing[0]} is not set: the plan's proxy requires the client key it names "
+                        f"(proxy.api_key_env), and the trainer sends it", key="proxy.api_key_env",
+                        hint=f"export {missing[0]}=<key> where grpo runs; it is read by name and never written")

@@ -9,11 +9,13 @@ from pathlib import Path
 from rich.console import Console
 
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.launch.supervisor import child_environment
 
 
 def launch(plan: Plan, run_dir: Path, console: Console) -> int:
     cluster = plan.scheduler.submit[plan.scheduler.submit.index("--cluster") + 1]
-    console.print(f"[bold]launching[/] {' '.join(plan.scheduler.submit)} in {run_dir}. Ctrl-C stops following only: "
-                  f"`sky cancel {cluster}` stops the job, `sky down {cluster}` releases the nodes")
+    console.print(f"[bold]launching[/] {shell_line(plan.scheduler.submit)} in {shell_word(str(run_dir))}. Ctrl-C "
+                  f"stops following only: `sky cancel {shell_word(cluster)}` stops the job, `sky down "
+                  f"{shell_word(cluster)}` releases the nodes")
     return subprocess.run(plan.scheduler.submit, cwd=run_dir, env=child_environment({})).returncode
