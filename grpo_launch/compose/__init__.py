@@ -25,7 +25,7 @@ import yaml
 
 from grpo_launch.compose import cache, recipes, schema, trl_fields
 from grpo_launch.compose.grammar import parse_override
-from grpo_launch.compose.interpolations import check_no_environment
+from grpo_launch.compose.interpolations import check_defaults, check_no_environment
 from grpo_launch.compose.origins import Origins
 from grpo_launch.contracts.shell import shell_line
 from grpo_launch.errors import UserError, did_you_mean
@@ -275,6 +275,7 @@ class Composer:
         else:
             groups, keys = _translate_overrides(overrides, self.dirs)
             cfg, choices = self._groups(groups, Origins(tuple(self.dirs), None, overrides))
+            check_defaults(self.dirs, choices)
             try:
                 config = _typed(cfg, keys)
             except UserError as e:

@@ -12,6 +12,8 @@ _HEADER = """#!/usr/bin/env bash
 # directory. On a cluster, start it on every node with NODE_RANK set to that node's index (and GRPO_HOST_K set to
 # node K's address where the commands below read it); one machine needs nothing. Secrets are read from your
 # environment by name and never written here: {secrets}.
+# Every value below is quoted as one word: single quotes keep a $ or a ` in a value as text, as intended.
+# shellcheck disable=SC2016
 set -euo pipefail
 cd "$(dirname "$0")"
 NODE_RANK="${{NODE_RANK:-0}}"
@@ -70,6 +72,6 @@ def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], p
         lines.append("fi")
     lines.append("# A trainer node ends with its trainer (and passes on its exit code); other nodes serve until "
                  "stopped.")
-    nodes = " ".join(map(str, trainer_nodes))
-    lines.append(f'case " {nodes} " in *" $NODE_RANK "*) wait "$trainer_pid" ;; *) wait ;; esac')
+    nodes = "|".join(map(str, trainer_nodes))
+    lines.append(f'case "$NODE_RANK" in {nodes}) wait "$trainer_pid" ;; *) wait ;; esac')
     return "\n".join(lines) + "\n"

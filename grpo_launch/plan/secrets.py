@@ -7,9 +7,10 @@ What is checked:
   `hf_...`, OpenAI and Anthropic `sk-...`, GitHub `ghp_...`/`github_pat_...`, GitLab `glpat-...`, Slack `xox?-...`,
   AWS access key ids `AKIA...`, PEM private keys);
 - `env.set`, whose values become environment variables, where a secret is most often put: names that look like a
-  secret (TOKEN, SECRET, PASSWORD, API_KEY, KEY), and values holding a long random string (32 or more characters of
-  letters and digits, both, as base64, base64url or hex spell them, with the spread of characters of a random
-  string rather than of a word). A variable refused there can always be passed by name: `env.passthrough`.
+  secret (TOKEN, SECRET, PASSWORD, API_KEY, KEY), and values holding a long random string: 32 or more characters
+  without a break (letters and digits, both, and + = _ -, as hex, base64url and most keys spell them; a path's
+  "/" breaks it) whose characters spread like a random string's rather than a word's. A variable refused there can
+  always be passed by name: `env.passthrough`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ TOKEN_FORMS = (
     ("an AWS access key id", re.compile(r"(?<![A-Z0-9])(AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])")),
     ("a private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
 )
-RANDOM_RUN = re.compile(r"[A-Za-z0-9+/=_-]{32,}")
+RANDOM_RUN = re.compile(r"[A-Za-z0-9+=_-]{32,}")  # not "/": a path is not a key
 RANDOM_BITS_PER_CHAR = 3.5  # a word's letters repeat; 32 random hex digits spread over about 3.7-4 bits, base64 more
 PASSTHROUGH_HINT = ("export it in your shell and add its name to env.passthrough: the processes then read it from your "
                     "environment, and it is never written")

@@ -37,7 +37,7 @@ _HEADER = """#!/bin/bash
 """
 
 _BODY = """set -u
-cd "${{SLURM_SUBMIT_DIR:-.}}"
+cd "${{SLURM_SUBMIT_DIR:-.}}" || exit 1
 {setup}export PYTHONUNBUFFERED=1  # else the processes' logs appear only when they exit
 mkdir -p {logs}
 rm -f {failures}
@@ -54,7 +54,9 @@ for k in "${{!nodes[@]}}"; do
 done
 export GRPO_NODE_NAMES="${{nodes[*]}}"
 echo "grpo: nodes ${{nodes[*]}}"
-# Each node's supervisor finds its index from its own name ($SLURMD_NODENAME expands on that node).
+# Each node's supervisor finds its index from its own name ($SLURMD_NODENAME expands on that node, so the command is
+# single-quoted here).
+# shellcheck disable=SC2016
 node_supervisor={step_command}
 """
 
