@@ -371,3 +371,12 @@ SLURM_FORMS = [  # (form, values sbatch(1) documents, values that are not one op
 def test_slurm_forms(form, accepted, refused):
     assert [v for v in accepted if not form.fits(v)] == []
     assert [v for v in refused if form.fits(v)] == []
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_help_says_what_runs_as_written(command, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main([command, "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "except scheduler.setup (shell commands) and scheduler.slurm.sbatch (sbatch options), which run as " \
+           "written" in out

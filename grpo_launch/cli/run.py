@@ -19,6 +19,8 @@ EXAMPLES = """
   grpo run --resume runs/tiny-cpu/20261129-171500 trainer.max_steps=40 --force
   grpo run recipe=tiny-cpu-async-lora              proxy + 2 CPU replicas, LoRA adapter versions through the proxy
   grpo run recipe=qwen72b-colocate --rehearse      its whole process graph small, here on CPU, before the GPUs
+Every value is quoted wherever a generated file or a printed command holds it, except scheduler.setup (shell
+commands) and scheduler.slurm.sbatch (sbatch options), which run as written. Pass secrets by name: env.passthrough.
 """
 
 
