@@ -270,9 +270,9 @@ def _quoted(text: str) -> str:
 HOSTILE_REFUSED = [
     # environment variable names, unquoted in `env NAME=value` and `export NAME`
     ("# @package _global_\nenv:\n  set:\n    '$(touch /tmp/grpo-canary)': '1'\n",
-     "'env.set' takes an environment variable name"),
-    ("# @package _global_\nenv:\n  passthrough: [\"HF_TOKEN\\nrm -rf x\"]\n", "'env.passthrough' holds the control"),
-    ("# @package _global_\nenv:\n  passthrough: ['A B']\n", "'env.passthrough' takes an environment variable name"),
+     "'env.set.$(touch /tmp/grpo-canary)' takes an environment variable name"),
+    ("# @package _global_\nenv:\n  passthrough: [\"HF_TOKEN\\nrm -rf x\"]\n", "'env.passthrough[0]' holds the control"),
+    ("# @package _global_\nenv:\n  passthrough: ['A B']\n", "'env.passthrough[0]' takes an environment variable name"),
     ("# @package _global_\nproxy:\n  api_key_env: 'KEY;x'\n", "'proxy.api_key_env' takes an environment variable"),
     # scheduler fields: one token of what the scheduler accepts, no line break
     ("# @package _global_\nscheduler:\n  slurm:\n    partition: \"gpu\\ntouch /tmp/x\"\n",
@@ -285,10 +285,10 @@ HOSTILE_REFUSED = [
      "'scheduler.slurm.time_limit' takes a Slurm time limit"),
     ("# @package _global_\nscheduler:\n  slurm:\n    gres: 'gpu:`x`'\n", "'scheduler.slurm.gres' takes Slurm generic"),
     ("# @package _global_\nscheduler:\n  slurm:\n    sbatch: ['--mem=0', 'touch /tmp/x']\n",
-     "'scheduler.slurm.sbatch' takes one sbatch option per item"),
+     "'scheduler.slurm.sbatch[1]' takes one sbatch option per item"),
     ("# @package _global_\nscheduler:\n  slurm:\n    sbatch: [\"--mem=0\\ntouch /tmp/x\"]\n",
-     "'scheduler.slurm.sbatch' holds the control character"),
-    ("# @package _global_\nscheduler:\n  setup: [\"module load x\\n\"]\n", "'scheduler.setup' holds the control"),
+     "'scheduler.slurm.sbatch[0]' holds the control character"),
+    ("# @package _global_\nscheduler:\n  setup: [\"module load x\\n\"]\n", "'scheduler.setup[0]' holds the control"),
     ("# @package _global_\nscheduler:\n  skypilot:\n    cluster_name: 'my cluster'\n",
      "'scheduler.skypilot.cluster_name' takes a SkyPilot cluster and task name"),
     ("# @package _global_\nscheduler:\n  skypilot:\n    cloud: 'aws; x'\n",
@@ -296,10 +296,10 @@ HOSTILE_REFUSED = [
     ("# @package _global_\nscheduler:\n  skypilot:\n    accelerators: 'H100:8 x'\n",
      "'scheduler.skypilot.accelerators' takes SkyPilot accelerators"),
     # control characters in any value: a line break, a carriage return, an escape, a NUL, Unicode's line separator
-    ("# @package _global_\nvllm:\n  extra_args: [\"--x\\n--y\"]\n", "'vllm.extra_args' holds the control"),
+    ("# @package _global_\nvllm:\n  extra_args: [\"--x\\n--y\"]\n", "'vllm.extra_args[0]' holds the control"),
     ("# @package _global_\nmodel:\n  name_or_path: \"org/m\\rx\"\n", "'model.name_or_path' holds the control"),
     ("# @package _global_\ndescription: \"\\e[31mred\"\n", "'description' holds the control character '\\x1b'"),
-    ("# @package _global_\nenv:\n  set:\n    A: \"x\\0y\"\n", "'env.set' holds the control character '\\x00'"),
+    ("# @package _global_\nenv:\n  set:\n    A: \"x\\0y\"\n", "'env.set.A' holds the control character '\\x00'"),
     ("# @package _global_\nrun:\n  root: \"runs\\u2028x\"\n", "'run.root' holds the control character '\\u2028'"),
 ]
 

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from grpo_launch.contracts.memory import Budget, MemoryEstimate, parameter_count
+from grpo_launch.contracts.shell import shell_line
 from grpo_launch.plan.advisor import PROXY_ORDER, Advice
 
 
@@ -99,6 +100,6 @@ def print_advice(advice: Advice, console: Console) -> None:
     freed = f" (changing {' '.join(advice.freed)}: nothing fits with it)" if advice.freed else ""
     console.print(f"[bold]suggestions[/] layouts that fit{freed}, best first by the throughput proxy: {PROXY_ORDER}")
     for i, s in enumerate(advice.suggestions, 1):
-        overrides = " ".join(s.overrides) or "(this plan as it is)"
+        overrides = shell_line(s.overrides) or "(this plan as it is)"
         console.print(Text.assemble(f"  {i}. ", (overrides, "bold")))
         console.print(Text(f"     {s.summary}", style="dim"))

@@ -252,7 +252,17 @@ def check_bounds(section: Any, prefix: str = "") -> None:
             if problem:
                 choices = f.metadata.get("choices") or ()
                 hint = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
-                raise UserError(f"'{path}' {problem}{hint}", key=path)
+                key = _item_key(path, value, f.metadata)
+                raise UserError(f"'{key}' {problem}{hint}", key=key)
+
+
+def _item_key(path: str, value: Any, meta: dict) -> str:
+    """The key of the entry of a list or mapping that breaks the knob's bounds (`env.set.NAME`, `sbatch[1]`)."""
+    if isinstance(value, dict):
+        return next((f"{path}.{k}" for k, v in value.items() if violation({k: v}, meta)), path)
+    if isinstance(value, list):
+        return next((f"{path}[{i}]" for i, v in enumerate(value) if violation([v], meta)), path)
+    return path
 
 
 def type_at(path: str) -> Any:
