@@ -111,7 +111,7 @@ class Slurm(Scheduler):
         nodes = ",".join(f"${{nodes[{n}]}}" for n in group.nodes)
         count = len(group.nodes)
         options = [f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", f'--nodelist="{nodes}"',
-                   *self._gpus(config), "--kill-on-bad-exit=1", f"--job-name={group.name}",
+                   *map(shell_word, self._gpus(config)), "--kill-on-bad-exit=1", f"--job-name={group.name}",
                    f"--output={LOGS_DIR}/step-{group.name}-%t.out"]
         return (f"# {group.name}: {node_list(group.nodes)} ({', '.join(group.processes)}); {group.ends}\n"
                 f"srun {' '.join(options)} \\\n     bash -c \"$node_supervisor\" &\n{group.name}=$!\n")
