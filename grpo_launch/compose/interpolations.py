@@ -10,27 +10,17 @@ clock and stay allowed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from grpo_launch.compose import recipes
+from grpo_launch.contracts.knobs import texts
 from grpo_launch.errors import UserError
 
 ENVIRONMENT_RESOLVERS = ("oc.env", "oc.decode")
-
-
-def _texts(value: Any, path: str) -> Iterator[tuple[str, str]]:
-    if isinstance(value, str):
-        yield path, value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from _texts(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _texts(v, f"{path}[{i}]")
 
 
 def _resolvers(text: str) -> list[str]:
@@ -74,7 +64,7 @@ def check_no_environment(cfg: Any) -> None:
     """Refuse any value of the composed (unresolved) config whose interpolation reads the environment."""
     from omegaconf import OmegaConf
 
-    for path, text in _texts(OmegaConf.to_container(cfg, resolve=False), ""):
+    for path, text in texts(OmegaConf.to_container(cfg, resolve=False)):
         if resolver := _environment_resolver(text):
             raise _refused(f"'{path}'", resolver, path)
 
@@ -88,7 +78,6 @@ def check_defaults(dirs: Sequence[Path], choices: Mapping[str, str]) -> None:
             continue
         doc = yaml.safe_load(text)
         entries = doc.get("defaults") if isinstance(doc, dict) else None
-        for entry in entries or []:
-            for text in _texts(entry, ""):
-                if resolver := _environment_resolver(text[1]):
-                    raise _refused(f"the defaults list of {path}", resolver, None)
+        for _, entry in texts(entries or []):
+            if resolver := _environment_resolver(entry):
+                raise _refused(f"the defaults list of {path}", resolver, None)

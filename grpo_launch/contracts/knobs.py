@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,15 +65,22 @@ def control_character(text: str) -> str | None:
     return next((c for c in text if unicodedata.category(c) in _CONTROL_CATEGORIES), None)
 
 
-def _texts(value: Any) -> list[str]:
-    """Every text in a value: itself, a list's items, a mapping's keys and values, at any depth."""
+def texts(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """Every text in a value, with its key below `path`: itself, a section's fields, a list's items (`key[i]`), a
+    mapping's keys and values (`key.name`), at any depth."""
     if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [t for k, v in value.items() for t in (*_texts(k), *_texts(v))]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _texts(v)]
-    return []
+        yield path, value
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from texts(getattr(value, f.name), f"{path}.{f.name}" if path else f.name)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            key = f"{path}.{k}" if path else str(k)
+            yield from texts(k, key)
+            yield from texts(v, key)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from texts(v, f"{path}[{i}]")
 
 
 def _named(value: Any) -> list[Any]:
@@ -85,7 +93,7 @@ def _named(value: Any) -> list[Any]:
 def violation(value: Any, meta: dict) -> str | None:
     """What is wrong with `value` by the bounds in `meta` (a knob's metadata), or None when it is within them."""
     if not meta.get("any_text"):
-        for text in _texts(value):
+        for _, text in texts(value):
             if (c := control_character(text)) is not None:
                 return (f"holds the control character {c!r} in {text!r}: values are written into scripts and job "
                         f"files, where it would end a line")

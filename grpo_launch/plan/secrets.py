@@ -15,14 +15,12 @@ What is checked:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any
 
 from grpo_launch.compose.schema import Config
+from grpo_launch.contracts.knobs import texts
 from grpo_launch.contracts.secrets import REDACTED
 from grpo_launch.errors import UserError
 
@@ -56,21 +54,6 @@ def token_form(text: str) -> str | None:
     return next((what for what, form in TOKEN_FORMS if form.search(text)), None)
 
 
-def _texts(value: Any, path: str) -> Iterator[tuple[str, str]]:
-    """Every text in a typed config, with its key."""
-    if isinstance(value, str):
-        yield path, value
-    elif dataclasses.is_dataclass(value):
-        for f in dataclasses.fields(value):
-            yield from _texts(getattr(value, f.name), f"{path}.{f.name}" if path else f.name)
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from _texts(v, f"{path}.{k}")
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from _texts(v, f"{path}[{i}]")
-
-
 def check_secrets(config: Config) -> None:
     for name in config.env.set:
         if SECRET_NAME.search(name):
@@ -78,7 +61,7 @@ def check_secrets(config: Config) -> None:
                             f"written to the run directory", key=f"env.set.{name}",
                             hint=f"remove it from env.set and add '{name}' to env.passthrough: its value is then "
                                  f"read from your shell by name and never written")
-    for path, text in _texts(config, ""):
+    for path, text in texts(config):
         what = token_form(text)
         if what is None and path.startswith("env.set.") and any(map(_random, RANDOM_RUN.findall(text))):
             what = "a key (a long random string)"
