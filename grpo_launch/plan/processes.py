@@ -79,7 +79,7 @@ def vllm_env(config: Config) -> dict[str, str]:
 
 
 def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...], extra_env: dict[str, str],
-                      secrets: tuple[str, ...] = ()) -> list[ProcessSpec]:
+                      secrets: tuple[str, ...]) -> list[ProcessSpec]:
     """One launcher per trainer node: accelerate (reading accelerate.yaml) or torchrun. Several nodes rendezvous
     at trainer node 0 within run.rendezvous_timeout_s. `secrets`: variables it reads besides env.passthrough."""
     config = ctx.config
