@@ -33,7 +33,7 @@ SLURM_GRES = Form("Slurm generic resources, name[[:type]:count] separated by com
                   r"[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+){0,2}(,[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+){0,2})*")
 SBATCH_OPTION = Form("one sbatch option per item (--name=value)", r"(#SBATCH\s+)?-.+")
 SKYPILOT_NAME = Form("a SkyPilot cluster and task name (a letter first, then letters, digits and single or double "
-                     "_ . -, ending alphanumeric)", r"[a-zA-Z][a-zA-Z0-9]*(?:[._-]{1,2}[a-zA-Z0-9]+)*")
+                     "_ . -, ending alphanumeric)", r"[A-Za-z][A-Za-z0-9]*(?:[._-]{1,2}[A-Za-z0-9]+)*")
 SKYPILOT_ACCELERATORS = Form("SkyPilot accelerators, NAME[:COUNT]",
                              r"[A-Za-z0-9][A-Za-z0-9_.+-]*(:[A-Za-z0-9_.+-]+){0,2}")
 SKYPILOT_CLOUDS = ("aws", "azure", "gcp", "ibm", "lambda", "scp", "oci", "kubernetes", "runpod", "vast", "vsphere",
