@@ -57,7 +57,15 @@ GPU_WHEEL_PINS := trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 
 GPU_SDIST_PINS := deepspeed==0.19.8 antlr4-python3-runtime==4.9.3
 GPU_SITE := /tmp/grpo-gpu-site
 
-.PHONY: setup run test bench lint slurm gpu-wheelhouse gpu-check
+# The generated-scripts test runs shellcheck on every script grpo-launch writes; installed like Slurm's packages.
+shellcheck:
+	@if command -v shellcheck >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing shellcheck"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck; \
+	else echo "shellcheck is missing and cannot be installed here (needs root with apt): its checks skip"; fi
+
+.PHONY: setup run test bench lint slurm shellcheck gpu-wheelhouse gpu-check
 setup: $(VLLM_STAMP)
 
 # The embedded recipe (tiny-cpu) generates with transformers inside the trainer: first contact in about a minute,
@@ -67,7 +75,7 @@ run: $(STAMP)
 
 # The fast tests (planning, in-process) on every core; the end-to-end ones (marked slow: real processes on fixed
 # ports, a Slurm cluster) one at a time.
-test: $(VLLM_STAMP) $(SKY_STAMP) slurm
+test: $(VLLM_STAMP) $(SKY_STAMP) slurm shellcheck
 	$(BIN)/python -m pytest -q -rs -m "not slow" -n auto
 	$(BIN)/python -m pytest -q -rs -m slow --durations=20
 

@@ -25,10 +25,17 @@ def proxy_stats(run_dir: Path) -> dict:
 
 
 def test_adapter_versions_flow_through_the_proxy_to_both_replicas(tmp_path):
-    result = grpo("run", "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}", env={"COLUMNS": "200"},
+    """The proxy listens beyond loopback here, so it requires a client key: the supervisor's probes and TRL's
+    clients in the trainer (control calls and generation) all send it, and it is in no file of the run."""
+    key = "proxy-key-8c1e4b7a2f"
+    result = grpo("run", "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}", "proxy.host=0.0.0.0",
+                  "proxy.api_key_env=GRPO_TEST_PROXY_KEY", env={"COLUMNS": "200", "GRPO_TEST_PROXY_KEY": key},
                   cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:]
     run_dir = Path(re.search(r"run directory: (\S+)", result.stdout).group(1))
+    assert "client API key required" in (run_dir / "logs" / "proxy.log").read_text()
+    assert (run_dir / "logs" / "proxy.metrics").read_text()  # scraped with the key as the run stopped
+    assert [p for p in run_dir.rglob("*") if p.is_file() and key.encode() in p.read_bytes()] == []
     records = metrics_records(run_dir)
     published = ["trl-policy-v1", *(r["published"] for r in records if "published" in r)]  # v1: the cold sync
     assert len(published) >= 3

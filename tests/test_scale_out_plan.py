@@ -15,9 +15,9 @@ from grpo_launch.cli import main
 from grpo_launch.compose import compose
 from grpo_launch.contracts import hosts
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.shell import shell_word
 from grpo_launch.errors import UserError
 from grpo_launch.plan import build_plan
-from grpo_launch.plan.launch_script import shell_word
 from grpo_launch.plan.ports import PortBook
 
 TWO_CPU_NODES = ("cluster.nodes=2", "cluster.gpus_per_node=1")
@@ -189,7 +189,7 @@ def test_json_contract_has_a_scheduler_section():
     for kind, job_file in (("local", None), ("slurm", "job.sbatch"), ("skypilot", "task.yaml")):
         plan = plan_json(*TWO_CPU_NODES, f"scheduler={kind}")
         section = plan["scheduler"]
-        assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups"}
+        assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups", "verbatim"}
         assert (section["kind"], section["job_file"]) == (kind, job_file)
         assert job_file is None or job_file in plan["files"]
         for group in section["groups"]:

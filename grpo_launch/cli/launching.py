@@ -87,9 +87,9 @@ def submit(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path
            console: Console) -> int:
     """A scheduler's job: write the run directory (the job file in it), submit it from there and follow it; its
     exit code (0 when nothing could be submitted here, after saying how to)."""
-    import shlex
     import shutil
 
+    from grpo_launch.contracts.shell import shell_line, shell_word
     from grpo_launch.launch import curves, skypilot, slurm
     from grpo_launch.materialize import materialize
 
@@ -97,8 +97,8 @@ def submit(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path
     run_dir = materialize(composed, the_plan, dirs, run_dir=run_dir).resolve()
     console.print(f"[bold]run directory[/] {escape(str(run_dir))} ({where})")
     if shutil.which(the_plan.scheduler.submit[0]) is None:
-        console.print(f"[yellow]{missing}[/]\n  " + escape(f"cd {shlex.quote(str(run_dir))} && "
-                                                            f"{shlex.join(the_plan.scheduler.submit)}"))
+        console.print(f"[yellow]{missing}[/]")
+        console.print(f"  cd {shell_word(str(run_dir))} && {shell_line(the_plan.scheduler.submit)}", markup=False)
         return 0
     if the_plan.scheduler.kind == "slurm":
         code = slurm.submit_and_follow(the_plan, run_dir, console, poll_s=composed.config.scheduler.slurm.poll_s)

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from grpo_launch.contracts.memory import Budget, MemoryEstimate, parameter_count
+from grpo_launch.contracts.shell import shell_line
 from grpo_launch.plan.advisor import RANKING, Advice
 
 
@@ -103,6 +104,6 @@ def print_advice(advice: Advice, console: Console) -> None:
     if advice.unranked:
         console.print(f"  [yellow]{escape(advice.unranked)}[/]")
     for i, s in enumerate(advice.suggestions, 1):
-        overrides = " ".join(s.overrides) or "(this plan as it is)"
+        overrides = shell_line(s.overrides) or "(this plan as it is)"
         console.print(Text.assemble(f"  {i}. ", (overrides, "bold")))
         console.print(Text(f"     {s.summary}", style="dim"))

@@ -12,6 +12,7 @@ from rich.text import Text
 from grpo_launch.cli.memory_view import print_memory
 from grpo_launch.cli.prediction_view import print_prediction
 from grpo_launch.contracts.plan import Plan, VllmSettings
+from grpo_launch.contracts.shell import shell_line
 from grpo_launch.plan.documents import document_text
 from grpo_launch.plan.launch_script import command_line
 
@@ -48,7 +49,8 @@ def processes_table(plan: Plan) -> Table:
 def _scheduler(plan: Plan, console: Console) -> None:
     """Who starts what on which node, and how each process learns its node's rank and the addresses."""
     s = plan.scheduler
-    job = f" · job file {s.job_file} · submitted with `{' '.join(s.submit)}` in the run directory" if s.job_file else ""
+    job = f" · job file {s.job_file} · submitted with `{shell_line(s.submit)}` in the run directory" \
+        if s.job_file else ""
     console.print(f"[bold]scheduler[/] {escape(s.kind + job)}")
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("", "nodes", "processes", "started by", "ends"):
@@ -57,6 +59,11 @@ def _scheduler(plan: Plan, console: Console) -> None:
         nodes = ",".join(map(str, g.nodes))
         table.add_row(*map(Text, (g.name, nodes, ", ".join(g.processes) or "-", g.command, g.ends)))
     console.print(table)
+    if s.verbatim:
+        console.print(f"[bold]as written[/] in {escape(str(s.job_file))}, not quoted (shell commands and scheduler "
+                      f"options, by design):")
+        for line in s.verbatim:
+            console.print(Text.assemble(f"  {line.key}: ", (line.text, "bold")), soft_wrap=True)
     console.print(f"[bold]node rank[/] {escape(s.node_rank)}")
     console.print("[bold]addresses[/] " + escape(f"{s.addresses}: " + ", ".join(f"node {n} {host}"
                                                                              for n, host in enumerate(plan.hosts))))

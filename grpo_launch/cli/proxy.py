@@ -42,8 +42,10 @@ def proxy(
     health_interval_s: float = _flag("health_interval_s"),
     tokenizer: str | None = _flag("tokenizer", metavar="ID_OR_PATH"),
     api_key_env: str | None = typer.Option(None, metavar="NAME",
-                                           help="Environment variable holding the key clients must send as "
-                                                "'Authorization: Bearer <key>' on every path."),
+                                           help="Environment variable holding the key clients must send on "
+                                                "every path ('Authorization: Bearer <key>', or HTTP Basic with the "
+                                                "key as password, as in http://user:<key>@host:port); required "
+                                                "when --host is not loopback."),
     upstream_api_key_env: str | None = typer.Option(None, metavar="NAME",
                                                     help="Environment variable holding the key sent to the "
                                                          "replicas (their --api-key)."),

@@ -19,6 +19,8 @@ EXAMPLES = """
   grpo run --resume runs/tiny-cpu/20261129-171500 trainer.max_steps=40 --force
   grpo run recipe=tiny-cpu-async-lora              proxy + 2 CPU replicas, LoRA adapter versions through the proxy
   grpo run recipe=qwen72b-colocate --rehearse      its whole process graph small, here on CPU, before the GPUs
+Every value is quoted wherever a generated file or a printed command holds it, except scheduler.setup (shell
+commands) and scheduler.slurm.sbatch (sbatch options), which run as written. Pass secrets by name: env.passthrough.
 """
 
 
@@ -113,9 +115,11 @@ def run(
     """Train: write the run directory, start every process of the plan in order, stop them all together."""
     from rich.console import Console
     from rich.markup import escape
+    from rich.text import Text
 
     from grpo_launch.cli.user_files import check_user_files
     from grpo_launch.compose import anchored, compose
+    from grpo_launch.contracts.shell import shell_line
     from grpo_launch.errors import UserError
     from grpo_launch.materialize import check_run_dir, config_document, new_run_dir, run_files
     from grpo_launch.plan import build_plan
@@ -123,8 +127,8 @@ def run(
     if multirun:
         raise UserError("grpo run starts one run at a time: -m (a sweep) is for grpo plan -m, which plans every "
                         "combination side by side", key="-m",
-                        hint=f"grpo plan -m {' '.join(overrides or [])}, then grpo run with the overrides of the "
-                             f"row you pick".replace("  ", " "))
+                        hint=f"{shell_line(['grpo', 'plan', '-m', *(overrides or [])])}, then grpo run with the "
+                             f"overrides of the row you pick")
     overrides, dirs = list(overrides or []), list(recipes_dir or [])
     if rehearse:
         from grpo_launch.cli.rehearse import rehearse_recipe
@@ -171,16 +175,16 @@ def run(
         from grpo_launch.plan.launch_script import command_line
 
         for step in the_plan.prepare:
-            console.print(f"[bold]prepare[/] {escape(step.name)}: {escape(' '.join(step.argv))}")
+            console.print(Text.assemble(("prepare", "bold"), f" {step.name}: {shell_line(step.argv)}"))
         for p in the_plan.processes:
-            console.print(f"[bold]start[/] {escape(p.name)} (node {p.node}): {escape(command_line(p))}",
+            console.print(Text.assemble(("start", "bold"), f" {p.name} (node {p.node}): {command_line(p)}"),
                           soft_wrap=True)
         for name, text in run_files(composed, the_plan, dirs).items():
             console.rule(escape(name))
             console.print(text, markup=False, soft_wrap=True)
         if the_plan.scheduler.submit:
-            console.print(f"[bold]would then run[/] {escape(' '.join(the_plan.scheduler.submit))} (in the run "
-                          f"directory)")
+            console.print(Text.assemble(("would then run", "bold"),
+                                        f" {shell_line(the_plan.scheduler.submit)} (in the run directory)"))
         return
     from grpo_launch.cli.launching import launch_local, submit
 

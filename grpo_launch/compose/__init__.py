@@ -25,8 +25,10 @@ import yaml
 
 from grpo_launch.compose import cache, recipes, schema, trl_fields
 from grpo_launch.compose.grammar import parse_override
+from grpo_launch.compose.interpolations import check_defaults, check_no_environment
 from grpo_launch.compose.origins import Origins, dotted
 from grpo_launch.contracts.builtins import names_a_path
+from grpo_launch.contracts.shell import shell_line
 from grpo_launch.errors import UserError, did_you_mean
 
 PRIMARY_DIR = Path(__file__).with_name("primary")  # config.yaml: one option per group, the schema first
@@ -59,7 +61,7 @@ def _translate_overrides(overrides: Sequence[str], dirs: list[Path]) -> tuple[li
         if o.is_sweep_override():
             raise UserError(f"'{text}': sweeps (a,b, range(), choice()) are for `grpo plan -m`, which plans every "
                             f"combination side by side; here give {key} one value", key=key,
-                            hint="grpo plan -m " + " ".join(overrides))
+                            hint=shell_line(["grpo", "plan", "-m", *overrides]))
         if o.package is not None:
             raise UserError(f"'{text}': group@package overrides are not supported", key=key)
         if key in recipes.GROUPS:
@@ -191,6 +193,7 @@ def _typed(cfg: Any, keys: list[Any]) -> tuple[schema.Config, bool]:
 
     try:
         _apply_key_overrides(cfg, keys)
+        check_no_environment(cfg)  # before anything resolves
         interpolated = _interpolated(cfg)
         config = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
@@ -311,6 +314,7 @@ class Composer:
         else:
             groups, keys = _translate_overrides(overrides, self.dirs)
             cfg, choices = self._groups(groups, Origins(tuple(self.dirs), None, overrides))
+            check_defaults(self.dirs, choices)
             try:
                 config, interpolated = _typed(cfg, keys)
             except UserError as e:

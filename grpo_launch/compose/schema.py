@@ -16,10 +16,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_launch.contracts.inputs import Data, Lora
-from grpo_launch.contracts.knobs import default_of, knob, violation
+from grpo_launch.contracts.knobs import ENV_NAME, Form, default_of, knob, violation
 from grpo_launch.contracts.proxy import ProxyKnobs
 from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE
 from grpo_launch.errors import UserError, did_you_mean
+
+# What Slurm's sbatch and SkyPilot accept in the fields grpo-launch writes for them (`#SBATCH --partition=...` is parsed
+# by sbatch, not by a shell: a value must be one token). Slurm: sbatch(1); SkyPilot 0.14: sky/task.py (task names),
+# sky/skylet/constants.py (cluster names, clouds), sky/resources.py (accelerators).
+SLURM_NAME = Form("a Slurm name (letters, digits, _ . -)", r"[A-Za-z0-9_.-]+")
+SLURM_NAMES = Form("Slurm names separated by commas", r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
+SLURM_TIME = Form("a Slurm time limit (minutes, minutes:seconds, hours:minutes:seconds, days-hours, "
+                  "days-hours:minutes, days-hours:minutes:seconds, or UNLIMITED)",
+                  r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE")
+SLURM_GRES = Form("Slurm generic resources, name[[:type]:count] separated by commas",
+                  r"[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+){0,2}(,[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+){0,2})*")
+SBATCH_OPTION = Form("one sbatch option per item (--name=value)", r"(#SBATCH\s+)?-.+")
+SKYPILOT_NAME = Form("a SkyPilot cluster and task name (a letter first, then letters, digits and single or double "
+                     "_ . -, ending alphanumeric)", r"[A-Za-z][A-Za-z0-9]*(?:[._-]{1,2}[A-Za-z0-9]+)*")
+SKYPILOT_ACCELERATORS = Form("SkyPilot accelerators, NAME[:COUNT]",
+                             r"[A-Za-z0-9][A-Za-z0-9_.+-]*(:[A-Za-z0-9_.+-]+){0,2}")
+SKYPILOT_CLOUDS = ("aws", "azure", "gcp", "ibm", "lambda", "scp", "oci", "kubernetes", "runpod", "vast", "vsphere",
+                   "cudo", "fluidstack", "paperspace", "primeintellect", "do", "nebius", "ssh", "slurm", "hyperbolic",
+                   "seeweb", "shadeform", "yotta", "mithril", "verda")
 
 
 @dataclass(kw_only=True)
@@ -137,10 +156,11 @@ class Zero:
 @dataclass(kw_only=True)
 class Proxy(ProxyKnobs):
     port: int = knob(8080, "Port of the routing proxy.", ge=1, le=65535)
-    api_key_env: str | None = knob(None, "Name of the environment variable holding the key clients must send; "
-                                         "null: no client auth.")
+    api_key_env: str | None = knob(None, "Name of the environment variable holding the key clients must send "
+                                         "(the trainer sends it too); required when proxy.host is not loopback; "
+                                         "null: no client auth.", form=ENV_NAME)
     upstream_api_key_env: str | None = knob(None, "Name of the environment variable whose value is sent to "
-                                                  "replicas as a Bearer token.")
+                                                  "replicas as a Bearer token.", form=ENV_NAME)
 
 
 @dataclass(kw_only=True)
@@ -155,24 +175,27 @@ class Run:
 
 @dataclass(kw_only=True)
 class Slurm:
-    partition: str | None = knob(None, "#SBATCH --partition; null: the cluster's default partition.")
-    account: str | None = knob(None, "#SBATCH --account to charge.")
-    qos: str | None = knob(None, "#SBATCH --qos.")
-    time_limit: str | None = knob(None, "#SBATCH --time, e.g. 2-00:00:00; null: the partition's limit.")
+    partition: str | None = knob(None, "#SBATCH --partition (one, or several separated by commas); null: the "
+                                       "cluster's default partition.", form=SLURM_NAMES)
+    account: str | None = knob(None, "#SBATCH --account to charge.", form=SLURM_NAME)
+    qos: str | None = knob(None, "#SBATCH --qos.", form=SLURM_NAME)
+    time_limit: str | None = knob(None, "#SBATCH --time, e.g. 2-00:00:00; null: the partition's limit.",
+                                  form=SLURM_TIME)
     gpus_per_node: int | None = knob(None, "#SBATCH --gpus-per-node; null: cluster.gpus_per_node on GPUs, none "
                                            "on CPU.", ge=0, le=64)
-    gres: str | None = knob(None, "#SBATCH --gres instead of --gpus-per-node, e.g. gpu:h100:8.")
-    sbatch: list[str] = knob(factory=list, doc="More #SBATCH options, verbatim, e.g. --constraint=h100 or "
-                                               "--mem=0.")
+    gres: str | None = knob(None, "#SBATCH --gres instead of --gpus-per-node, e.g. gpu:h100:8.", form=SLURM_GRES)
+    sbatch: list[str] = knob(factory=list, doc="More #SBATCH options, one per item, written as given (sbatch reads "
+                                               "them as they are), e.g. --constraint=h100 or --mem=0.",
+                             form=SBATCH_OPTION)
     poll_s: float = knob(1.0, "How often `grpo run` reads the job's state from scontrol.", gt=0)
 
 
 @dataclass(kw_only=True)
 class SkyPilot:
-    cluster_name: str | None = knob(None, "`sky launch -c NAME`; null: grpo-<recipe>.")
-    cloud: str | None = knob(None, "resources.cloud (aws, gcp, kubernetes, ...); null: SkyPilot picks.")
+    cluster_name: str | None = knob(None, "`sky launch -c NAME`; null: grpo-<recipe>.", form=SKYPILOT_NAME)
+    cloud: str | None = knob(None, "resources.cloud; null: SkyPilot picks.", choices=SKYPILOT_CLOUDS)
     accelerators: str | None = knob(None, "resources.accelerators; null: <cluster.gpu_type>:<cluster.gpus_per_node> "
-                                          "on GPUs, none on CPU.")
+                                          "on GPUs, none on CPU.", form=SKYPILOT_ACCELERATORS)
     use_spot: bool = knob(False, "resources.use_spot.")
     disk_size: int | None = knob(None, "resources.disk_size in GB.", ge=1)
 
@@ -184,7 +207,8 @@ class Scheduler:
                          "batch job, job.sbatch), skypilot (a SkyPilot task, task.yaml). Chosen with "
                          "scheduler=NAME.", choices=("local", "slurm", "skypilot"))
     setup: list[str] = knob(factory=list, doc="slurm, skypilot: shell commands run on the nodes before "
-                                              "anything else (module load ..., source .venv/bin/activate).")
+                                              "anything else (module load ..., source .venv/bin/activate), one "
+                                              "line each, run as written: they are shell by design.")
     slurm: Slurm = knob(factory=Slurm, doc="scheduler=slurm: the batch job's resources.")
     skypilot: SkyPilot = knob(factory=SkyPilot, doc="scheduler=skypilot: the task's resources.")
 
@@ -192,10 +216,11 @@ class Scheduler:
 @dataclass(kw_only=True)
 class Env:
     set: dict[str, str] = knob(factory=dict, doc="Literal environment variables for every process (never "
-                                                 "secrets: they are written to the run directory).")
+                                                 "secrets: they are written to the run directory; a name or value "
+                                                 "that looks like a secret is refused).", form=ENV_NAME)
     passthrough: list[str] = knob(factory=lambda: ["HF_TOKEN", "WANDB_API_KEY"],
                                   doc="Names of variables passed from your shell to every process; values "
-                                      "are never written anywhere.")
+                                      "are never written anywhere.", form=ENV_NAME)
 
 
 @dataclass(kw_only=True)
@@ -216,7 +241,8 @@ class Config:
     scheduler: Scheduler = knob(factory=Scheduler, doc="How the processes reach the machines.")
     env: Env = knob(factory=Env, doc="Environment of every process.")
     trainer: dict[str, Any] = knob(factory=dict, doc="TRL arguments by TRL's names (GRPOConfig; AsyncGRPOConfig "
-                                                     "for async-lora), checked against the pinned TRL's fields.")
+                                                     "for async-lora), checked against the pinned TRL's fields.",
+                                   any_text=True)
 
 
 _SCALARS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
@@ -253,7 +279,17 @@ def check_bounds(section: Any, prefix: str = "") -> None:
             if problem:
                 choices = f.metadata.get("choices") or ()
                 suggestion = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
-                raise UserError(f"'{path}' {problem}{suggestion}", key=path, hint=f.metadata.get("doc") or None)
+                key = _item_key(path, value, f.metadata)
+                raise UserError(f"'{key}' {problem}{suggestion}", key=key, hint=f.metadata.get("doc") or None)
+
+
+def _item_key(path: str, value: Any, meta: dict) -> str:
+    """The key of the entry of a list or mapping that breaks the knob's bounds (`env.set.NAME`, `sbatch[1]`)."""
+    if isinstance(value, dict):
+        return next((f"{path}.{k}" for k, v in value.items() if violation({k: v}, meta)), path)
+    if isinstance(value, list):
+        return next((f"{path}[{i}]" for i, v in enumerate(value) if violation([v], meta)), path)
+    return path
 
 
 def type_at(path: str) -> Any:

@@ -8,6 +8,7 @@ substitute them: the same plan.json serves every node.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +22,16 @@ REFERENCE = re.compile(r"\$\{GRPO_HOST_(\d+)\}")
 def reference(node: int) -> str:
     """Node `node`'s address, as the job's environment gives it."""
     return "${" + VARIABLE.format(node=node) + "}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine only (127.0.0.0/8, ::1, localhost): nothing else can reach what binds it."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def is_reference(host: str) -> bool:

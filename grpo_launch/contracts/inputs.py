@@ -21,7 +21,7 @@ class Data:
     answer_column: str | None = knob(None, "Column holding the reference answer; reward functions receive it "
                                            "as `solution` (TRL's accuracy reward reads that name).")
     system_prompt: str | None = knob(None, "System message placed before each prompt (makes prompts "
-                                           "chat-formatted).")
+                                           "chat-formatted).", any_text=True)
     max_samples: int | None = knob(None, "Use only the first N rows.", ge=1)
     num_samples: int = knob(512, "Rows generated for a built-in task (at most 10,000,000).", ge=1, le=10_000_000)
 

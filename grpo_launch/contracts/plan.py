@@ -63,6 +63,8 @@ class ProcessSpec:
     restart: Restart | None = None             # None: its death stops the run
     diagnoses: tuple[Diagnosis, ...] = ()      # known failure messages and their causes
     metrics_url: str | None = None             # Prometheus text, kept in logs/<name>.metrics when the run stops
+    probe_key_env: str | None = None           # readiness and metrics requests send this variable's value as a
+                                               # Bearer key (a proxy that requires a client key)
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,8 @@ class TrainerInputs:
     attn_implementation: str | None
     chat_prompts: bool = False                 # turn plain prompts into chat messages (TRL's async worker needs it)
     weight_sync: str = "trl"                   # one of WEIGHT_SYNCS
+    server_key_env: str | None = None          # the variable holding the key vllm_server_base_url requires (the
+                                               # proxy's client key), sent by TRL's clients as HTTP Basic auth
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,15 @@ class NodeGroup:
 
 
 @dataclass(frozen=True)
+class VerbatimLine:
+    """A line of a job file written as the recipe gives it, not quoted: shell commands by design (scheduler.setup) or
+    options the scheduler reads as they are (scheduler.slurm.sbatch)."""
+
+    key: str                                   # the recipe key it comes from
+    text: str
+
+
+@dataclass(frozen=True)
 class SchedulerPlan:
     """How the processes reach the machines: the scheduler, its job file, how each node learns its index and the
     addresses, and which nodes run what."""
@@ -170,6 +183,7 @@ class SchedulerPlan:
     node_rank: str                             # how each node learns its index, in words
     addresses: str                             # how the nodes' addresses reach the processes, in words
     groups: tuple[NodeGroup, ...]
+    verbatim: tuple[VerbatimLine, ...] = ()    # what the job file runs or passes on as written
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from grpo_launch.contracts.shell import shell_line
 from grpo_launch.launch.curves import MetricsTail
 from grpo_launch.launch.result import RunResult
 
@@ -219,7 +220,7 @@ class ConsoleDisplay:
 
     # -- events -------------------------------------------------------------------------------------------------
     def preparing(self, name: str, argv: list[str]) -> None:
-        self.say(f"preparing {name}: {' '.join(argv)}")
+        self.say(f"preparing {name}: {shell_line(argv)}")
 
     def started(self, name: str, pid: int, gpus: tuple[int, ...]) -> None:
         self.say(f"started {name} (pid {pid}, GPUs {','.join(map(str, gpus)) or '-'})", style=self.colors[name])

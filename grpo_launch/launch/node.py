@@ -18,7 +18,7 @@ from rich.console import Console
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.contracts.rundir import LOGS_DIR, NODE_FAILURES
 from grpo_launch.errors import UserError
-from grpo_launch.launch.preflight import check_data_files, check_ports_free, check_vllm_installed
+from grpo_launch.launch.preflight import check_data_files, check_keys_set, check_ports_free, check_vllm_installed
 from grpo_launch.launch.result import RunResult
 from grpo_launch.launch.supervisor import stray_launcher_variables, supervise
 
@@ -39,6 +39,7 @@ def prepare_node(plan: Plan, nodes: Collection[int], console: Console) -> Plan:
     an engine runs or a port is busy."""
     check_not_a_worker(dict(os.environ))
     check_data_files(plan)
+    check_keys_set(plan)
     resolved = plan.with_addresses(os.environ)
     for node in nodes:
         check_vllm_installed(resolved, node)

@@ -8,7 +8,9 @@ which reads no file of the user's, names them as left to `grpo run`.
 from __future__ import annotations
 
 import glob
+import importlib.metadata
 import os
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -18,6 +20,7 @@ from typing import Any
 from grpo_launch.contracts.builtins import BUILTIN_MODEL_DIR, names_a_path
 from grpo_launch.contracts.inputs import Data
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.secrets import missing_keys
 from grpo_launch.errors import UserError
 
 VLLM_INSTALL = {"cuda": "pip install 'grpo-launch[vllm]' (vLLM in TRL 1.16's range)",
@@ -36,7 +39,6 @@ def check_vllm_installed(plan: Plan, node: int) -> None:
     """A plan that runs vLLM here needs it installed: say so now, not when the first process dies."""
     if not runs_vllm(plan, node):
         return
-    import importlib.metadata  # imported here, like the other modules: `grpo plan` imports this one
 
     try:
         importlib.metadata.version("vllm")
@@ -56,7 +58,6 @@ def check_data_files(plan: Plan) -> None:
 
 def check_ports_free(plan: Plan, node: int) -> None:
     """Every port this node's processes open must be free before anything starts."""
-    import socket
 
     for claim in plan.ports:
         if claim.node != node:
@@ -259,3 +260,11 @@ def _column(row: Any, dotted: str, key: str, path: str, n: int) -> Any:
     if value is None and key == "data.prompt_column":
         raise UserError(f"row {n} of {path} has no prompt ('{dotted}' is null)", key=key)
     return value
+def check_keys_set(plan: Plan) -> None:
+    """A server that requires a key (a proxy beyond loopback) needs it in the environment, where it and its clients
+    read it: say so before anything starts."""
+    missing = missing_keys(plan, os.environ)
+    if missing:
+        raise UserError(f"{missing[0]} is not set: the plan's proxy requires the client key it names "
+                        f"(proxy.api_key_env), and the trainer sends it", key="proxy.api_key_env",
+                        hint=f"export {missing[0]}=<key> where grpo runs; it is read by name and never written")

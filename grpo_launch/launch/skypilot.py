@@ -10,12 +10,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.launch.supervisor import child_environment
 
 
 def launch(plan: Plan, run_dir: Path, console: Console) -> int:
     cluster = plan.scheduler.submit[plan.scheduler.submit.index("--cluster") + 1]
-    console.print("[bold]launching[/] " + escape(f"{' '.join(plan.scheduler.submit)} in {run_dir}. Ctrl-C stops "
-                                                  f"following only: `sky cancel {cluster}` stops the job, "
-                                                  f"`sky down {cluster}` releases the nodes"))
+    console.print("[bold]launching[/] " + escape(f"{shell_line(plan.scheduler.submit)} in {shell_word(str(run_dir))}. "
+                                                  f"Ctrl-C stops following only: `sky cancel {shell_word(cluster)}` "
+                                                  f"stops the job, `sky down {shell_word(cluster)}` releases the "
+                                                  f"nodes"))
     return subprocess.run(plan.scheduler.submit, cwd=run_dir, env=child_environment({})).returncode

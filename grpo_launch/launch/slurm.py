@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.errors import UserError
 from grpo_launch.launch.follow import Job, JobFollower
 from grpo_launch.launch.supervisor import child_environment
@@ -95,6 +96,6 @@ def submit_and_follow(plan: Plan, run_dir: Path, console: Console, *, poll_s: fl
                         key="scheduler.slurm", hint=f"check the partition, account, qos, time limit and GPU request "
                                                     f"(scheduler.slurm.*) in {run_dir / plan.scheduler.job_file}")
     job = SlurmJob(done.stdout.strip().split(";")[0], env)
-    console.print("[bold]submitted[/] " + escape(f"{job.name} ({' '.join(plan.scheduler.submit)} in {run_dir}); "
-                                                  f"Ctrl-C cancels it"))
+    console.print("[bold]submitted[/] " + escape(f"{job.name} ({shell_line(plan.scheduler.submit)} in "
+                                                  f"{shell_word(str(run_dir))}); Ctrl-C cancels it"))
     return JobFollower(plan, run_dir, job, console, poll_s=poll_s).follow().code

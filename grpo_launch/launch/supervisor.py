@@ -35,6 +35,7 @@ from rich.console import Console
 
 from grpo_launch.contracts.plan import Plan, ProcessSpec
 from grpo_launch.contracts.rundir import LOGS_DIR, METRICS_FILE, PREPARE_LOCK, TRAINER_FAILURE
+from grpo_launch.contracts.secrets import redact, secret_names, secret_values
 from grpo_launch.launch import prepared
 from grpo_launch.launch.display import ConsoleDisplay
 from grpo_launch.launch.result import (
@@ -173,9 +174,15 @@ def child_environment(env: dict[str, str]) -> dict[str, str]:
     return merged
 
 
-def _url_ok(url: str) -> bool:
+def _probe(url: str, key_env: str | None) -> urllib.request.Request:
+    """A GET of a process's URL, with the Bearer key its spec names (a keyed proxy answers nothing without)."""
+    key = os.environ.get(key_env, "") if key_env else ""
+    return urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+
+
+def _url_ok(url: str, key_env: str | None) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=3) as response:
+        with urllib.request.urlopen(_probe(url, key_env), timeout=3) as response:
             return response.status == 200
     except Exception:
         return False
@@ -224,6 +231,7 @@ class Supervisor:
         self.due: set[str] = set()            # children whose start delay has elapsed
         self.scheduled: set[str] = set()      # children whose start delay is running
         self.polled_remote: set[str] = set()
+        self.secrets = secret_values(secret_names(plan), os.environ)  # kept out of every log and the console
 
     # -- processes ----------------------------------------------------------------------------------------------
     async def run_prepare(self) -> None:
@@ -282,7 +290,7 @@ class Supervisor:
         assert process.stdout is not None
         try:
             while line := await process.stdout.readline():
-                text = line.decode(errors="replace").rstrip("\n")
+                text = redact(line.decode(errors="replace").rstrip("\n"), self.secrets)
                 log.write(text + "\n")
                 log.flush()
                 child.tail.append(text)
@@ -307,7 +315,7 @@ class Supervisor:
     async def _poll_ready(self, name: str, spec: ProcessSpec, generation: int) -> None:
         timeout = spec.ready_timeout_s or DEFAULT_READY_TIMEOUT_S
         started = time.monotonic()
-        while not await asyncio.to_thread(_url_ok, spec.ready_url):
+        while not await asyncio.to_thread(_url_ok, spec.ready_url, spec.probe_key_env):
             if time.monotonic() - started > timeout:
                 await self.events.put(NotReady(name, generation, spec.ready_url, timeout))
                 return
@@ -438,7 +446,8 @@ class Supervisor:
         the engines' own numbers (requests, prefix-cache hits, LoRA adapters) outlive the run."""
         def fetch(child: Child) -> None:
             try:
-                with urllib.request.urlopen(child.spec.metrics_url, timeout=3) as response:
+                with urllib.request.urlopen(_probe(child.spec.metrics_url, child.spec.probe_key_env),
+                                            timeout=3) as response:
                     (self.run_dir / LOGS_DIR / f"{child.name}.metrics").write_bytes(response.read())
             except OSError:
                 pass  # a process that cannot answer any more leaves no counters

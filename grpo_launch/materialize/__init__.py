@@ -27,6 +27,7 @@ import yaml
 from grpo_launch.compose import Composed
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.contracts.rundir import CONFIG_FILE, LOGS_DIR, OVERRIDES_FILE, PLAN_FILE, REWARDS_DIR
+from grpo_launch.contracts.shell import shell_word
 from grpo_launch.errors import UserError
 from grpo_launch.plan.documents import document_text
 
@@ -133,7 +134,8 @@ def _written(target: Path, files: dict[str, str], rewards: list[Path], *, resume
         return target
     if target.exists():
         raise UserError(f"run directory {target} already exists", key="run.dir",
-                        hint=f"continue it with `grpo run --resume {target}`, or choose another run.dir")
+                        hint=f"continue it with `grpo run --resume {shell_word(str(target))}`, or choose another "
+                             f"run.dir")
     tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:

@@ -23,10 +23,11 @@ from grpo_launch.plan.checks import (
     builtin_model,
     check_context,
     check_data,
-    check_env,
     check_hosts,
     check_model_shape,
+    check_recipe_name,
     check_tensor_parallel,
+    exposed_dev_mode,
 )
 from grpo_launch.plan.context import Context
 from grpo_launch.plan.documents import accelerate_config, check_zero, deepspeed_config
@@ -36,6 +37,7 @@ from grpo_launch.plan.placements import placement_of
 from grpo_launch.plan.placements.base import Placement
 from grpo_launch.plan.processes import prepare_steps, trainer_processes
 from grpo_launch.plan.schedulers import scheduler_of
+from grpo_launch.plan.secrets import check_secrets
 from grpo_launch.plan.step_time import predict as predict_step_time
 from grpo_launch.plan.trainer_args import build_trainer_args, build_trainer_inputs
 
@@ -77,8 +79,9 @@ def build_plan(composed: Composed) -> Plan:
 
 def _planned(composed: Composed) -> Plan:
     config = composed.config
+    check_recipe_name(composed.recipe)
     check_hosts(config)
-    check_env(config)
+    check_secrets(config)
     check_zero(config)
     builtin_model(config.model.name_or_path)
     check_model_shape(config)
@@ -96,7 +99,7 @@ def _planned(composed: Composed) -> Plan:
     world = layout.world_size
 
     args = build_trainer_args(config, placement, result.trainer_args)
-    inputs = build_trainer_inputs(config, placement, result.weight_sync)
+    inputs = build_trainer_inputs(config, placement, result.weight_sync, result.server_key_env)
     files: dict = {}
     if config.zero.stage:
         files[DEEPSPEED_FILE] = deepspeed_config(config)
@@ -106,11 +109,11 @@ def _planned(composed: Composed) -> Plan:
                                                main_ip=ctx.host(layout.trainer_nodes[0]), fsdp2=result.fsdp2)
     batch = placement.batch(args, world, result)
 
+    secrets = (result.server_key_env,) if result.server_key_env else ()
     processes = tuple(result.services) + tuple(trainer_processes(ctx, layout, result.trainer_depends_on,
-                                                                 result.trainer_env))
+                                                                 result.trainer_env, secrets))
     prepare = prepare_steps(config)
-    files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes,
-                                       config.env.passthrough)
+    files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes)
     scheduled, job_files = scheduler.job(config, composed.recipe, processes)
     files.update(job_files)
     plan = Plan(
@@ -137,7 +140,7 @@ def _planned(composed: Composed) -> Plan:
         trainer_inputs=inputs,
         batch=batch,
         scheduler=scheduled,
-        warnings=tuple(ctx.warnings + _idle_warning(layout, config)),
+        warnings=tuple(ctx.warnings + _idle_warning(layout, config) + exposed_dev_mode(processes)),
     )
     model = catalog.resolve(config.model)  # the one read planning may do: a local model's config.json
     plan = replace(plan, memory=estimate_memory(config, plan, placement, model))  # the CLI decides if a misfit is fatal

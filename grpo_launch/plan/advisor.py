@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.shell import shell_line
 from grpo_launch.errors import UserError
 from grpo_launch.plan import build_plan
 from grpo_launch.plan.placements import PLACEMENTS
@@ -285,7 +286,7 @@ def check_fit(composed: Composed, plan: Plan, advice: Advice | None = None) -> N
     message = "\n".join([f"{plan.recipe} does not fit in memory:", *_misfit_lines(plan)])
     if advice.suggestions:
         kept = f" (dropping {' '.join(advice.freed)})" if advice.freed else ""
-        tries = "; ".join(" ".join(s.overrides) or "(as is)" for s in advice.suggestions)
+        tries = "; ".join(shell_line(s.overrides) or "(as is)" for s in advice.suggestions)
         hint = f"layouts that fit{kept}, best first: {tries}. --suggest shows the tables; --force plans it anyway"
     else:
         hint = "no layout of this cluster fits by the estimate: add nodes or GPUs, or choose a smaller model; " \

@@ -1,4 +1,4 @@
-"""Plan-time checks of the recipe's parts that no placement owns: hosts, secrets, data, built-in names."""
+"""Plan-time checks of the recipe's parts that no placement owns: hosts, data, built-in names."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import PurePath
 from grpo_launch.compose.schema import Config
 from grpo_launch.compose.trl_fields import effective
 from grpo_launch.contracts.builtins import BUILTIN_MODEL_PREFIX, MODELS, REWARDS, TASKS
-from grpo_launch.contracts.plan import Reward
+from grpo_launch.contracts.hosts import is_loopback
+from grpo_launch.contracts.plan import ProcessSpec, Reward
 from grpo_launch.contracts.vllm import VLLM_CPU_HEAD_SIZES
 from grpo_launch.errors import UserError, did_you_mean
 from grpo_launch.memory.catalog import resolve
 
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|(^|_)KEY($|_)", re.IGNORECASE)
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 # RFC 1123: dot-separated labels of letters, digits and inner hyphens, 253 characters at most.
 HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -40,15 +40,6 @@ def is_host(host: str) -> bool:
         return True
     except ValueError:
         return HOSTNAME.fullmatch(host) is not None
-
-
-def check_env(config: Config) -> None:
-    for name in config.env.set:
-        if SECRET_NAME.search(name):
-            raise UserError(f"env.set.{name} looks like a secret; values in env.set are written to the run "
-                            f"directory", key=f"env.set.{name}",
-                            hint=f"remove it from env.set and add '{name}' to env.passthrough: its value is then "
-                                 f"read from your shell by name and never written")
 
 
 def check_data(config: Config) -> None:
@@ -197,3 +188,33 @@ def check_context(config: Config, config_class: str) -> None:
                     key="vllm.max_model_len" if asked else "trainer.max_completion_length",
                     hint=f"raise vllm.max_model_len above {completion} + the longest prompt, or lower "
                          f"trainer.max_completion_length")
+# A recipe's name is written into the job files (Slurm's --job-name, SkyPilot's task and cluster name) and the run
+# directory's path; option files may be named anything, so the name is checked here.
+RECIPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_recipe_name(recipe: str) -> None:
+    if not RECIPE_NAME.fullmatch(recipe):
+        raise UserError(f"recipe name {recipe!r}: a recipe's name goes into job names and paths, so it takes "
+                        f"letters, digits and . _ - only", key="recipe",
+                        hint="rename the recipe's file (recipe/NAME.yaml)")
+
+
+# Routes `vllm serve` opens with VLLM_SERVER_DEV_MODE=1, which TRL needs; vLLM's --api-key does not guard them.
+DEV_MODE_ROUTES = "/pause, /sleep, /collective_rpc and the weight-update routes"
+
+
+def exposed_dev_mode(processes: Sequence[ProcessSpec]) -> list[str]:
+    """A warning for each vLLM server that listens beyond loopback with dev mode on."""
+    warnings = []
+    for p in processes:
+        if p.env.get("VLLM_SERVER_DEV_MODE") != "1" or "--host" not in p.argv:
+            continue
+        bind = p.argv[p.argv.index("--host") + 1]
+        if is_loopback(bind):
+            continue
+        warnings.append(f"{p.name} listens on {bind}:{p.port} with vLLM's dev mode on (TRL needs it): "
+                        f"{DEV_MODE_ROUTES} answer anyone who can reach that port, and --api-key does not guard "
+                        f"them. Keep the port closed to everyone but the job: the nodes' private network, a "
+                        f"firewall, or the network isolation of the scheduler's allocation")
+    return warnings

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_launch.compose.schema import Config
+from grpo_launch.contracts.hosts import is_loopback
 from grpo_launch.contracts.plan import Engine, ProcessSpec, VllmSettings
 from grpo_launch.plan.layout import Layout
 from grpo_launch.plan.ports import PortBook
 from grpo_launch.plan.schedulers import Scheduler, scheduler_of
-from grpo_launch.plan.schedulers.local import is_loopback
 
 
 @dataclass
@@ -50,3 +50,4 @@ class PlacementResult:
     fsdp2: bool = False                  # the trainer shards with FSDP2 (the accelerate config says so)
     trainer_env: dict[str, str] = field(default_factory=dict)  # what the trainer ranks need besides the base env
     weight_sync: str = "trl"             # how trained weights reach vLLM (contracts.plan.WEIGHT_SYNCS)
+    server_key_env: str | None = None    # the variable holding the key the trainer's server requires

@@ -78,10 +78,10 @@ def vllm_env(config: Config) -> dict[str, str]:
     return {"VLLM_CPU_KVCACHE_SPACE": str(config.vllm.cpu_kvcache_space_gib), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
-def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...],
-                      extra_env: dict[str, str]) -> list[ProcessSpec]:
+def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...], extra_env: dict[str, str],
+                      secrets: tuple[str, ...]) -> list[ProcessSpec]:
     """One launcher per trainer node: accelerate (reading accelerate.yaml) or torchrun. Several nodes rendezvous
-    at trainer node 0 within run.rendezvous_timeout_s."""
+    at trainer node 0 within run.rendezvous_timeout_s. `secrets`: variables it reads besides env.passthrough."""
     config = ctx.config
     machines = len(layout.trainer_nodes)
     main_ip = ctx.host(layout.trainer_nodes[0])
@@ -103,7 +103,8 @@ def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...],
         name = "trainer" if machines == 1 else f"trainer-node{node}"
         out.append(ProcessSpec(name=name, role="trainer", node=node, gpus=layout.trainer_gpus,
                                argv=tuple(argv) + entry, env=base_env(config, layout.trainer_gpus) | extra_env,
-                               pass_env=tuple(config.env.passthrough), depends_on=depends_on,
+                               pass_env=tuple(dict.fromkeys([*config.env.passthrough, *secrets])),
+                               depends_on=depends_on,
                                ranks=layout.ranks_on(node),
                                diagnoses=rendezvous_diagnoses(main_ip, port, timeout) if machines > 1 else ()))
     return out

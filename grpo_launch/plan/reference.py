@@ -23,6 +23,12 @@ date.
 
 Config groups (choose with `group=option`, e.g. `zero=3-offload`): {groups}.
 
+No value holds a control character (a line break, a tab, an escape), because values are written into scripts
+and job files, unless its key says otherwise; keys with a form take only values of that form. Values are quoted
+wherever they are written, except `scheduler.setup` (shell commands) and `scheduler.slurm.sbatch` (sbatch options),
+which are written as given. A value that reads the environment (`${{oc.env:NAME}}`) is refused, and so is one that
+looks like a secret (docs/run.md says what is checked): pass secrets by name, with `env.passthrough`.
+
 `trainer.*` takes TRL {trl}'s field names of the placement's config class: {classes}. Unknown names and wrong
 kinds are rejected at plan time. These are set by grpo-launch from other keys
 and may not be given under `trainer.`: {managed}.
@@ -65,6 +71,10 @@ def _meaning(meta: dict) -> str:
     for op, sym in (("ge", ">="), ("gt", ">"), ("le", "<=")):
         if meta.get(op) is not None:
             bounds.append(f"{sym} {meta[op]:g}")
+    if meta.get("form"):
+        bounds.append(f"{meta['form'].what}: `{meta['form'].pattern}`")
+    if meta.get("any_text"):
+        bounds.append("may hold line breaks: it reaches no script")
     if bounds:
         text += f" ({'; '.join(bounds)})"
     return text.replace("|", "\\|")

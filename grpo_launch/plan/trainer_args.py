@@ -61,7 +61,8 @@ def build_trainer_args(config: Config, placement: Placement, placement_args: dic
     return args
 
 
-def build_trainer_inputs(config: Config, placement: Placement, weight_sync: str) -> TrainerInputs:
+def build_trainer_inputs(config: Config, placement: Placement, weight_sync: str,
+                         server_key_env: str | None = None) -> TrainerInputs:
     """What the trainer entrypoint builds besides the TRL arguments (it reads plan.json, never the recipe)."""
     if not config.rewards:
         raise UserError("the recipe has no reward function", key="rewards",
@@ -72,4 +73,5 @@ def build_trainer_inputs(config: Config, placement: Placement, weight_sync: str)
     return TrainerInputs(trainer=placement.trainer, model=model_path(config), data=dataclasses.replace(config.data),
                          rewards=rewards, lora=dataclasses.replace(config.lora) if config.lora.enabled else None,
                          attn_implementation=config.model.attn_implementation,
-                         chat_prompts=placement.chat_prompts, weight_sync=weight_sync)
+                         chat_prompts=placement.chat_prompts, weight_sync=weight_sync,
+                         server_key_env=server_key_env)

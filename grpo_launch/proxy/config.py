@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from grpo_launch.contracts.knobs import knob, violation
-from grpo_launch.contracts.proxy import ProxyKnobs
+from grpo_launch.contracts.proxy import ProxyKnobs, unguarded_exposure
 from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE
 from grpo_launch.errors import UserError
 
@@ -49,6 +49,10 @@ class ProxyConfig(ProxyKnobs):
                 raise UserError(f"{flag} {problem}", key=flag)
         if self.tokenizer:
             check_tokenizer(self.tokenizer)
+        if problem := unguarded_exposure(self.host, keyed=bool(self.client_api_key)):
+            raise UserError(f"--host {self.host}: {problem}", key="--host",
+                            hint="add --api-key-env NAME (NAME holding the key every client must send), or keep "
+                                 "--host 127.0.0.1")
 
 
 def check_replica_url(url: str) -> None:

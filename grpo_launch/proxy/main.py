@@ -31,9 +31,6 @@ async def _serve(config: ProxyConfig) -> None:
         log.info("listening on %s: %d replica(s) %s, block %d tokens, imbalance %d%s", proxy.url,
                  len(config.replicas), ", ".join(config.replicas), config.block_size, config.imbalance,
                  ", client API key required" if config.client_api_key else "")
-        if config.host not in ("127.0.0.1", "localhost", "::1") and not config.client_api_key:
-            log.warning("listening on %s without an API key: anyone who reaches it can load adapters and pause "
-                        "the replicas (set --api-key-env)", config.host)
         await stop.wait()
         # The last word on the run's traffic (errors returned to clients, retries), kept in the proxy's log.
         log.info("stopping; stats %s", json.dumps(proxy.proxy.snapshot(), separators=(",", ":")))

@@ -4,6 +4,8 @@ vLLM server of data-parallel size 1 (TRL turns adapter-only sync off for anythin
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hmac
 import json
 import logging
@@ -103,11 +105,11 @@ class Proxy:
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler) -> web.StreamResponse:
-        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        key = presented_key(request.headers.get("Authorization", ""))
         expected = self.config.client_api_key or ""
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), expected.encode()):
-            response = _web(error_reply(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                        "AuthenticationError"))
+        if key is None or not hmac.compare_digest(key.encode(), expected.encode()):
+            response = _web(error_reply(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (or HTTP "
+                                             "Basic auth with the key as password)", "AuthenticationError"))
             response.headers["WWW-Authenticate"] = "Bearer"
             return response
         return await handler(request)
@@ -285,6 +287,20 @@ class Proxy:
     async def metrics(self, request: web.Request) -> web.Response:
         text = self.stats.to_prometheus([r.to_json() for r in self.fleet.replicas], self.router.tracked_blocks)
         return web.Response(body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def presented_key(authorization: str) -> str | None:
+    """The key a client sent: 'Bearer <key>', or HTTP Basic auth with the key as password (what TRL's async clients
+    send for a URL with user info, http://user:<key>@host:port); None for anything else."""
+    scheme, _, credentials = authorization.partition(" ")
+    if scheme.lower() == "bearer":
+        return credentials.strip()
+    if scheme.lower() == "basic":
+        try:
+            return base64.b64decode(credentials.strip(), validate=True).decode().partition(":")[2]
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+    return None
 
 
 def _web(reply: Reply) -> web.Response:

@@ -76,7 +76,7 @@ class AdapterPublisher:
         return {"published": name, "publish_s": round(time.time() - start, 3)}
 
 
-def train_on_cpu(plan: Plan, dataset, reward_funcs, peft_config, metrics_path: Path) -> None:
+def train_on_cpu(plan: Plan, dataset, reward_funcs, peft_config, metrics_path: Path, server_url: str) -> None:
     import torch
     from accelerate import Accelerator
     from peft import get_peft_model
@@ -92,7 +92,7 @@ def train_on_cpu(plan: Plan, dataset, reward_funcs, peft_config, metrics_path: P
     policy = get_peft_model(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), peft_config)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
-    client = VLLMClient(args.vllm_server_base_url, server_timeout=args.vllm_server_timeout)
+    client = VLLMClient(server_url, server_timeout=args.vllm_server_timeout)
     client.wait_for_server_ready()
     # The worker only speaks HTTP to the server, but asks that the vllm package be importable; it is not here.
     async_rollout_worker.is_vllm_available = lambda: True
@@ -100,7 +100,7 @@ def train_on_cpu(plan: Plan, dataset, reward_funcs, peft_config, metrics_path: P
         model_name=model_path, lora_name=ADAPTER_NAME, dataset=dataset, reward_funcs=reward_funcs,
         processing_class=tokenizer, eos_token_ids=[tokenizer.eos_token_id], num_generations=args.num_generations,
         max_inflight_tasks=args.max_inflight_tasks, queue_maxsize=args.queue_maxsize,
-        vllm_server_url=args.vllm_server_base_url, max_tokens=args.max_completion_length,
+        vllm_server_url=server_url, max_tokens=args.max_completion_length,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty, request_timeout=args.request_timeout)
     publisher = AdapterPublisher(policy, Accelerator(cpu=True), client, worker,

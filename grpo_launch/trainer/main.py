@@ -15,10 +15,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from grpo_launch.contracts.inputs import Lora
 from grpo_launch.contracts.plan import Plan, load_plan
 from grpo_launch.contracts.rundir import METRICS_FILE, PLAN_FILE, REWARDS_DIR
+from grpo_launch.contracts.secrets import secret_names, secret_values
 from grpo_launch.trainer.data import import_target, load_training_dataset
 from grpo_launch.trainer.progress import PROGRESS, step_callback, write_failure
 
@@ -105,11 +107,25 @@ def train_grpo(plan: Plan, dataset, rewards) -> None:
         check_engine_follows(trainer, [row["prompt"] for row in dataset.select(range(3))])
 
 
+def server_url(plan: Plan) -> str:
+    """vllm_server_base_url as TRL's async clients reach it. A server that requires a key (a keyed proxy) gets it
+    in the URL's user info: TRL's clients (`requests` for control calls, an aiohttp session for generation) take no
+    headers, and both send a URL's credentials as HTTP Basic auth, which the proxy accepts. The URL lives in memory
+    only; the supervisor keeps the key out of the logs."""
+    url = plan.trainer_args["vllm_server_base_url"]
+    name = plan.trainer_inputs.server_key_env
+    if name is None:
+        return url
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"grpo:{quote(os.environ[name], safe='')}@{parts.netloc}"))
+
+
 def train_async_grpo(plan: Plan, dataset, rewards) -> None:
     if plan.accelerator == "cpu":  # AsyncGRPOTrainer needs CUDA: run TRL's async pieces in a loop of our own
         from grpo_launch.trainer.async_cpu import train_on_cpu
 
-        return train_on_cpu(plan, dataset, rewards, peft_config(plan.trainer_inputs.lora), Path(METRICS_FILE))
+        return train_on_cpu(plan, dataset, rewards, peft_config(plan.trainer_inputs.lora), Path(METRICS_FILE),
+                            server_url(plan))
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer
 
@@ -121,8 +137,11 @@ def train_async_grpo(plan: Plan, dataset, rewards) -> None:
     _untie_output_head(async_grpo_trainer)
     tokenizer = AutoTokenizer.from_pretrained(plan.trainer_inputs.model)
     ensure_response_template(tokenizer)
-    run_trainer(AsyncGRPOTrainer(args=AsyncGRPOConfig(**plan.trainer_args), processing_class=tokenizer,
-                                 **_common(plan, dataset, rewards)))
+    args = AsyncGRPOConfig(**{**plan.trainer_args, "vllm_server_base_url": server_url(plan)})
+    trainer = AsyncGRPOTrainer(args=args, processing_class=tokenizer, **_common(plan, dataset, rewards))
+    # Its client and rollout worker hold the URL now; the arguments, which checkpoints save, go back to the plain one.
+    trainer.args.vllm_server_base_url = plan.trainer_args["vllm_server_base_url"]
+    run_trainer(trainer)
 
 
 # What the trainer entrypoint runs, by the plan's TrainerInputs.trainer (contracts.plan.TRAINERS).
@@ -204,11 +223,14 @@ def main() -> None:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     code = 0
+    secrets: tuple[str, ...] = ()
     try:
-        train(load_plan(PLAN_FILE).with_addresses(os.environ))  # a scheduler's job gives node addresses
+        plan = load_plan(PLAN_FILE).with_addresses(os.environ)  # a scheduler's job gives node addresses
+        secrets = secret_values(secret_names(plan), os.environ)
+        train(plan)
     except BaseException as error:  # noqa: BLE001  (every failure must reach _exit, which passes the code on)
         traceback.print_exc()
-        write_failure(error)
+        write_failure(error, secrets)
         code = 1
     _exit(code)
 

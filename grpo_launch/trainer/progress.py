@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 from grpo_launch.contracts.rundir import LOGS_DIR, TRAINER_FAILURE
+from grpo_launch.contracts.secrets import redact
 
 
 class Progress:
@@ -49,11 +50,11 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def write_failure(error: BaseException) -> None:
-    """The failure record of this rank, in the run directory (the working directory)."""
+def write_failure(error: BaseException, secrets: tuple[str, ...]) -> None:
+    """The failure record of this rank, in the run directory (the working directory), without the `secrets`."""
     record = {"rank": rank(), "phase": PROGRESS.phase, "step": PROGRESS.step, "time": time.time(),
-              "error": "".join(traceback.format_exception_only(error)).strip(),
-              "traceback": "".join(traceback.format_exception(error))}
+              "error": redact("".join(traceback.format_exception_only(error)).strip(), secrets),
+              "traceback": redact("".join(traceback.format_exception(error)), secrets)}
     path = Path(LOGS_DIR) / TRAINER_FAILURE.format(rank=record["rank"])
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")

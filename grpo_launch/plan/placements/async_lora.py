@@ -14,6 +14,7 @@ from typing import Any
 from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.plan import Engine, LoraSlots, Plan, ProcessSpec, Restart, VllmSettings
+from grpo_launch.contracts.proxy import unguarded_exposure
 from grpo_launch.contracts.vllm import ADAPTER_SUBDIR, VLLM_LORA_RANKS
 from grpo_launch.errors import UserError
 from grpo_launch.memory.estimate import Workload
@@ -78,11 +79,10 @@ def _check(config: Config) -> None:
     if config.zero.stage:
         raise UserError(f"zero.stage={config.zero.stage}: AsyncGRPOTrainer trains with FSDP2 only, not DeepSpeed",
                         key="zero.stage", hint="choose zero=0; the plan writes an FSDP2 accelerate config")
-    if config.proxy.api_key_env:
-        raise UserError("proxy.api_key_env makes the proxy require a key that TRL's async client never sends, so "
-                        "the trainer could not reach it", key="proxy.api_key_env",
-                        hint="keep the proxy on 127.0.0.1 without a client key for async-lora; a standalone "
-                             "`grpo proxy --api-key-env NAME` serves keyed outside clients")
+    if problem := unguarded_exposure(config.proxy.host, keyed=config.proxy.api_key_env is not None):
+        raise UserError(f"proxy.host={config.proxy.host}: {problem}", key="proxy.host",
+                        hint="set proxy.api_key_env=NAME and export NAME=<key> where grpo runs: the trainer sends "
+                             "it, as every other client must; or keep proxy.host=127.0.0.1")
     if config.model.attn_implementation not in TREE_ATTENTION_KERNELS:
         raise UserError(f"model.attn_implementation={config.model.attn_implementation}: AsyncGRPOTrainer always "
                         f"runs TRL's tree attention; only its kernel can be chosen", key="model.attn_implementation",
@@ -159,9 +159,10 @@ class AsyncLora(Placement):
             max_staleness=staleness,
             tree_attention=TREE_ATTENTION_KERNELS[config.model.attn_implementation]
             if config.cluster.accelerator == "cuda" else None)
+        key = config.proxy.api_key_env
         return PlacementResult(layout=layout, engines=engines, services=services,
                                trainer_args={"vllm_server_base_url": proxy_url}, trainer_depends_on=("proxy",),
-                               vllm=settings,
+                               vllm=settings, server_key_env=key,
                                # AsyncGRPOTrainer trains with FSDP2; the CPU loop (trainer.async_cpu) does not.
                                fsdp2=config.cluster.accelerator == "cuda")
 
@@ -176,13 +177,15 @@ class AsyncLora(Placement):
         argv += ["--block-size", str(v.block_size), "--imbalance", str(p.imbalance),
                  "--max-tracked-blocks", str(p.max_tracked_blocks), "--lora-load-timeout-s",
                  str(p.lora_load_timeout_s), "--tokenizer", model_path(config)]
-        secrets = (p.upstream_api_key_env,) if p.upstream_api_key_env else ()
-        if p.upstream_api_key_env:
-            argv += ["--upstream-api-key-env", p.upstream_api_key_env]
+        for flag, name in (("--api-key-env", p.api_key_env), ("--upstream-api-key-env", p.upstream_api_key_env)):
+            if name:
+                argv += [flag, name]
+        secrets = [name for name in (p.api_key_env, p.upstream_api_key_env) if name]
         spec = ProcessSpec(name="proxy", role="proxy", node=node, gpus=(), argv=tuple(argv),
                            env=base_env(config, ()), pass_env=tuple(dict.fromkeys([*config.env.passthrough, *secrets])),
                            port=port, ready_url=f"{url}/health", ready_timeout_s=PROXY_READY_TIMEOUT_S,
-                           depends_on=tuple(e.process for e in engines), metrics_url=f"{url}/metrics")
+                           depends_on=tuple(e.process for e in engines), metrics_url=f"{url}/metrics",
+                           probe_key_env=p.api_key_env)
         return spec, url
 
     def batch(self, args: dict[str, Any], world: int, result: PlacementResult) -> dict[str, Any]:

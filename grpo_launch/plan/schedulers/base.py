@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts import hosts
-from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, SchedulerPlan
+from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, SchedulerPlan, VerbatimLine
 from grpo_launch.errors import UserError
 
 # What a scheduler starts on every node: grpo-launch's supervisor for that node's processes of plan.json.
@@ -35,6 +35,11 @@ class Scheduler(ABC):
     def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec]) -> tuple[SchedulerPlan,
                                                                                          dict[str, Any]]:
         """How the processes reach the machines, and the job file(s) that do it."""
+
+
+def setup_lines(config: Config) -> tuple[VerbatimLine, ...]:
+    """scheduler.setup: shell by design, run as written on every node before anything else."""
+    return tuple(VerbatimLine("scheduler.setup", line) for line in config.scheduler.setup)
 
 
 def node_groups(processes: Sequence[ProcessSpec], nodes: int, command: str) -> tuple[NodeGroup, NodeGroup | None]:

@@ -3,24 +3,15 @@
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Sequence
 from typing import Any
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts import hosts
+from grpo_launch.contracts.hosts import is_loopback
 from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, SchedulerPlan
 from grpo_launch.errors import UserError
 from grpo_launch.plan.schedulers.base import LOOPBACK, Scheduler
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class Local(Scheduler):

@@ -8,14 +8,15 @@ soon as one fails.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from grpo_launch.compose.schema import Config
+from grpo_launch.compose.schema import SKYPILOT_ACCELERATORS, SKYPILOT_NAME, Config
 from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, SchedulerPlan
 from grpo_launch.contracts.rundir import SKYPILOT_TASK_FILE
-from grpo_launch.plan.schedulers.base import NODE_SUPERVISOR, Scheduler
+from grpo_launch.contracts.shell import shell_line
+from grpo_launch.errors import UserError
+from grpo_launch.plan.schedulers.base import NODE_SUPERVISOR, Scheduler, setup_lines
 
 RUN = """set -u
 # Node K's address is line K of SKYPILOT_NODE_IPS (node 0 first); this node's index is SKYPILOT_NODE_RANK.
@@ -38,18 +39,34 @@ def cluster_name(config: Config, recipe: str) -> str:
     return config.scheduler.skypilot.cluster_name or f"grpo-{recipe}".replace(".", "-")
 
 
+def accelerators(config: Config) -> str | None:
+    """resources.accelerators: as set, else the cluster's GPUs (none on a CPU)."""
+    c = config.cluster
+    given = config.scheduler.skypilot.accelerators
+    return given or (f"{c.gpu_type}:{c.gpus_per_node}" if c.accelerator == "cuda" else None)
+
+
 class SkyPilot(Scheduler):
     name = "skypilot"
     job_file = SKYPILOT_TASK_FILE
 
+    def check(self, config: Config) -> None:
+        """What SkyPilot is given from elsewhere in the recipe takes its forms too."""
+        super().check(config)
+        if (wanted := accelerators(config)) and not SKYPILOT_ACCELERATORS.fits(wanted):
+            raise UserError(f"resources.accelerators {wanted!r} (cluster.gpu_type:cluster.gpus_per_node) is not "
+                            f"{SKYPILOT_ACCELERATORS.what}", key="cluster.gpu_type",
+                            hint="set scheduler.skypilot.accelerators to SkyPilot's name for the GPU, e.g. H100:8")
+
     def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec]) -> tuple[SchedulerPlan,
                                                                                          dict[str, Any]]:
         s = config.scheduler.skypilot
+        if not SKYPILOT_NAME.fits(name := cluster_name(config, recipe)):
+            raise UserError(f"the SkyPilot cluster name {name!r} (grpo-<recipe>) is not {SKYPILOT_NAME.what}",
+                            key="scheduler.skypilot.cluster_name", hint="set scheduler.skypilot.cluster_name=NAME")
         nodes = config.cluster.nodes
         resources: dict[str, Any] = {}
-        accelerators = s.accelerators or (f"{config.cluster.gpu_type}:{config.cluster.gpus_per_node}"
-                                          if config.cluster.accelerator == "cuda" else None)
-        for key, value in (("cloud", s.cloud), ("accelerators", accelerators), ("disk_size", s.disk_size)):
+        for key, value in (("cloud", s.cloud), ("accelerators", accelerators(config)), ("disk_size", s.disk_size)):
             if value is not None:
                 resources[key] = value
         if s.use_spot:
@@ -59,8 +76,8 @@ class SkyPilot(Scheduler):
             task["resources"] = resources
         if config.scheduler.setup:
             task["setup"] = "\n".join(config.scheduler.setup) + "\n"
-        task["run"] = RUN.format(nodes=nodes, supervisor=shlex.join(NODE_SUPERVISOR))
-        command = shlex.join(NODE_SUPERVISOR) + " --node $SKYPILOT_NODE_RANK"
+        task["run"] = RUN.format(nodes=nodes, supervisor=shell_line(NODE_SUPERVISOR))
+        command = shell_line(NODE_SUPERVISOR) + " --node $SKYPILOT_NODE_RANK"
         by_node = {n: tuple(p.name for p in processes if p.node == n) for n in range(nodes)}
         groups = tuple(NodeGroup(f"node {n}", (n,), by_node[n], command,
                                  "trainer nodes: when training ends; nodes that only serve: when the job is "
@@ -69,5 +86,6 @@ class SkyPilot(Scheduler):
             kind=self.name, job_file=self.job_file,
             submit=("sky", "launch", "--yes", "--cluster", cluster_name(config, recipe), self.job_file),
             node_rank="SKYPILOT_NODE_RANK", addresses="GRPO_HOST_K: line K of SKYPILOT_NODE_IPS, exported by the "
-                                                      "task's run script", groups=groups)
+                                                      "task's run script", groups=groups,
+            verbatim=setup_lines(config))
         return plan, {self.job_file: task}

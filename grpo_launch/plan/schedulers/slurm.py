@@ -13,20 +13,20 @@ often a peer it stopped), recorded by each node's supervisor.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from typing import Any
 
 from grpo_launch.compose.schema import Config
-from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, SchedulerPlan
+from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, SchedulerPlan, VerbatimLine
 from grpo_launch.contracts.rundir import JOB_LOG, LOGS_DIR, NODE_FAILURES, SLURM_JOB_FILE
+from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.errors import UserError
-from grpo_launch.plan.schedulers.base import NODE_SUPERVISOR, Scheduler, node_groups, node_list
+from grpo_launch.plan.schedulers.base import NODE_SUPERVISOR, Scheduler, node_groups, node_list, setup_lines
 
 # The step's shell finds its node index from its own node name; single-quoted in the batch script, so it expands on
 # each node, not once in the batch shell (where $SLURM_NODEID would be 0 for every node).
 STEP_COMMAND = ('i=0; for n in $GRPO_NODE_NAMES; do if [ "$n" = "$SLURMD_NODENAME" ]; then exec '
-                + shlex.join(NODE_SUPERVISOR) + ' --node "$i"; fi; i=$((i + 1)); done; '
+                + shell_line(NODE_SUPERVISOR) + ' --node "$i"; fi; i=$((i + 1)); done; '
                 'echo "grpo: node $SLURMD_NODENAME is not in this job ($GRPO_NODE_NAMES)" >&2; exit 2')
 
 _HEADER = """#!/bin/bash
@@ -37,7 +37,7 @@ _HEADER = """#!/bin/bash
 """
 
 _BODY = """set -u
-cd "${{SLURM_SUBMIT_DIR:-.}}"
+cd "${{SLURM_SUBMIT_DIR:-.}}" || exit 1
 {setup}export PYTHONUNBUFFERED=1  # else the processes' logs appear only when they exit
 mkdir -p {logs}
 rm -f {failures}
@@ -54,7 +54,9 @@ for k in "${{!nodes[@]}}"; do
 done
 export GRPO_NODE_NAMES="${{nodes[*]}}"
 echo "grpo: nodes ${{nodes[*]}}"
-# Each node's supervisor finds its index from its own name ($SLURMD_NODENAME expands on that node).
+# Each node's supervisor finds its index from its own name ($SLURMD_NODENAME expands on that node, so the command is
+# single-quoted here).
+# shellcheck disable=SC2016
 node_supervisor={step_command}
 """
 
@@ -109,14 +111,14 @@ class Slurm(Scheduler):
         nodes = ",".join(f"${{nodes[{n}]}}" for n in group.nodes)
         count = len(group.nodes)
         options = [f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", f'--nodelist="{nodes}"',
-                   *self._gpus(config), "--kill-on-bad-exit=1", f"--job-name={group.name}",
+                   *map(shell_word, self._gpus(config)), "--kill-on-bad-exit=1", f"--job-name={group.name}",
                    f"--output={LOGS_DIR}/step-{group.name}-%t.out"]
         return (f"# {group.name}: {node_list(group.nodes)} ({', '.join(group.processes)}); {group.ends}\n"
                 f"srun {' '.join(options)} \\\n     bash -c \"$node_supervisor\" &\n{group.name}=$!\n")
 
     def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec]) -> tuple[SchedulerPlan,
                                                                                          dict[str, Any]]:
-        command = shlex.join(NODE_SUPERVISOR) + " --node K"
+        command = shell_line(NODE_SUPERVISOR) + " --node K"
         trainers, services = node_groups(processes, config.cluster.nodes, command)
         groups = (trainers,) if services is None else (trainers, services)
         setup = "".join(line + "\n" for line in config.scheduler.setup)
@@ -125,7 +127,7 @@ class Slurm(Scheduler):
                               job_file=self.job_file)
         text += "".join(f"#SBATCH {option}\n" for option in self._sbatch_options(config, recipe))
         text += _BODY.format(setup=setup, logs=LOGS_DIR, failures=failures, nodes=config.cluster.nodes,
-                             step_command=shlex.quote(STEP_COMMAND))
+                             step_command=shell_word(STEP_COMMAND))
         text += "".join("\n" + self._step(config, g) for g in groups)
         if services is None:
             text += "wait \"$trainer\"; rc=$?\n"
@@ -143,5 +145,6 @@ class Slurm(Scheduler):
             node_rank="each node's supervisor finds K from its node name ($SLURMD_NODENAME in the allocation's "
                       "node list); each launcher's argv carries its node's rank",
             addresses="GRPO_HOST_K: node K's NodeAddr (scontrol show node), exported by job.sbatch",
-            groups=groups)
+            groups=groups, verbatim=setup_lines(config) + tuple(VerbatimLine("scheduler.slurm.sbatch", line)
+                                                                for line in config.scheduler.slurm.sbatch))
         return plan, {self.job_file: text}
