@@ -23,7 +23,7 @@ from grpo_launch.plan.launch_script import launch_script
 from grpo_launch.plan.layout import Layout
 from grpo_launch.plan.placements import placement_of
 from grpo_launch.plan.placements.base import Placement
-from grpo_launch.plan.processes import prepare_steps, trainer_processes
+from grpo_launch.plan.processes import prepare_steps, trainer_processes, watched
 from grpo_launch.plan.schedulers import scheduler_of
 from grpo_launch.plan.trainer_args import build_trainer_args, build_trainer_inputs
 
@@ -92,8 +92,8 @@ def _planned(composed: Composed) -> Plan:
                                                main_ip=ctx.host(layout.trainer_nodes[0]), fsdp2=result.fsdp2)
     batch = placement.batch(args, world, result)
 
-    processes = tuple(result.services) + tuple(trainer_processes(ctx, layout, result.trainer_depends_on,
-                                                                 result.trainer_env))
+    trainers = trainer_processes(ctx, layout, result.trainer_depends_on, result.trainer_env)
+    processes = watched(config, (*result.services, *trainers))
     prepare = prepare_steps(config)
     files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes,
                                        config.env.passthrough)
