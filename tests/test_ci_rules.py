@@ -19,7 +19,8 @@ def test_a_skip_fails_in_ci(tmp_path, when):
     (tmp_path / "test_skipped.py").write_text(SKIPPED[when])
 
     def pytest_run(ci: bool) -> subprocess.CompletedProcess:
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "GRPO_NO_SKIPS": "1" if ci else "0"}
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "GRPO_NO_SKIPS": "1" if ci else "0",
+               "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         return subprocess.run([sys.executable, "-m", "pytest", "-p", "no_skips", "-p", "no:cacheprovider", "-q",
                                "-rA", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True)
 

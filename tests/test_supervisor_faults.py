@@ -26,6 +26,7 @@ from supervised import (
 
 from grpo_launch.cli.plan_view import bounds_line
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.launch.follow import Job, JobFollower
 from grpo_launch.launch.output import LINE_LIMIT
 from grpo_launch.launch.supervisor import supervise
 
@@ -111,6 +112,36 @@ def test_a_stop_request_survives_a_console_failing_in_the_signal_handler(tmp_pat
         proc.kill()
     assert proc.returncode == 130, "".join(seen) + out
     assert_all_dead(recorded_pids(pids))
+
+
+class RunningJob(Job):
+    """A stand-in for a scheduler's job (test_slurm follows real ones): running until cancelled."""
+
+    name = "job 1"
+
+    def __init__(self) -> None:
+        self.cancels: list[int] = []
+
+    def state(self) -> tuple[str, bool]:
+        return "RUNNING", False
+
+    def exit_code(self) -> int:
+        return 0
+
+    def cancel(self, presses: int) -> None:
+        self.cancels.append(presses)
+
+
+def test_a_followed_job_is_cancelled_even_when_the_console_fails(tmp_path, monkeypatch):
+    def broken(self, *args):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr("grpo_launch.launch.display.ConsoleDisplay.stopping", broken)
+    job = RunningJob()
+    follower = JobFollower(Plan.from_json(plan_json()), tmp_path, job, Console(file=io.StringIO()), poll_s=1)
+    with pytest.raises(OSError):
+        follower._on_signal(signal.SIGINT, None)
+    assert job.cancels == [1]
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
