@@ -46,6 +46,21 @@ def processes_table(plan: Plan) -> Table:
     return table
 
 
+def bounds_line(plan: Plan) -> str:
+    """How long the supervisor waits for what (plan.json has each process's own values)."""
+    parts = [f"{p.name} ready within {p.ready_timeout_s:g} s" for p in plan.processes if p.ready_timeout_s]
+    watched = [p for p in plan.processes if p.liveness]
+    if watched:
+        live = watched[0].liveness
+        parts.append(f"a ready server is dead after {live.failures} unanswered probes in a row, one every "
+                     f"{live.interval_s:g} s (noticed within {live.bound_s:g} s)")
+    exits = {p.exit_timeout_s for p in plan.processes if p.exit_timeout_s}
+    if exits:
+        parts.append(f"trainer nodes exit within {max(exits):g} s of each other")
+    parts += [f"prepare {step.name} within {step.timeout_s:g} s" for step in plan.prepare]
+    return "; ".join(parts)
+
+
 def _scheduler(plan: Plan, console: Console) -> None:
     """Who starts what on which node, and how each process learns its node's rank and the addresses."""
     s = plan.scheduler
@@ -97,6 +112,8 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
                   escape(", ".join(f"{k}={val!r}" for k, val in plan.trainer_args.items())) + ")")
     console.print()
     console.print(processes_table(plan))
+    if bounds := bounds_line(plan):
+        console.print(f"[bold]bounds[/]    {bounds}")
     console.print()
     _scheduler(plan, console)
     console.print()

@@ -141,6 +141,9 @@ class Vllm:
                                          "apply on a CPU.", ge=1)
     max_restarts: int = knob(3, "async-lora: how often the supervisor restarts a replica that dies (the proxy "
                                 "takes it back once healthy); the next death stops the run.", ge=0)
+    restart_reset_s: float = knob(600.0, "async-lora: a replica that was ready this long before it died has its "
+                                         "restarts counted anew (vllm.max_restarts bounds deaths closer together).",
+                                  gt=0)
 
 
 @dataclass(kw_only=True)
@@ -171,6 +174,14 @@ class Run:
     rendezvous_timeout_s: float = knob(600.0, "Several trainer nodes: how long trainer node 0 waits for the "
                                               "others to join the rendezvous (and they for it) before the run "
                                               "fails.", gt=0)
+    health_interval_s: float = knob(5.0, "Once a server (vLLM, the proxy) is ready, its /health is probed this "
+                                         "often, each probe given as long to answer.", gt=0)
+    health_failures: int = knob(3, "Unanswered /health probes in a row after which a ready server is treated as "
+                                   "dead: restarted if it may be (vllm.max_restarts), else the run stops naming it. A "
+                                   "wedged server is noticed within health_failures x 2 x health_interval_s.", ge=1)
+    exit_timeout_s: float = knob(300.0, "Several trainer nodes: once one node's launcher finished, how long the "
+                                        "others may take to exit before the run fails naming them (srun --wait "
+                                        "under Slurm).", gt=0)
 
 
 @dataclass(kw_only=True)

@@ -35,7 +35,7 @@ from grpo_launch.plan.launch_script import launch_script
 from grpo_launch.plan.layout import Layout
 from grpo_launch.plan.placements import placement_of
 from grpo_launch.plan.placements.base import Placement
-from grpo_launch.plan.processes import prepare_steps, trainer_processes
+from grpo_launch.plan.processes import prepare_steps, trainer_processes, watched
 from grpo_launch.plan.schedulers import scheduler_of
 from grpo_launch.plan.secrets import check_secrets
 from grpo_launch.plan.step_time import predict as predict_step_time
@@ -110,8 +110,8 @@ def _planned(composed: Composed) -> Plan:
     batch = placement.batch(args, world, result)
 
     secrets = (result.server_key_env,) if result.server_key_env else ()
-    processes = tuple(result.services) + tuple(trainer_processes(ctx, layout, result.trainer_depends_on,
-                                                                 result.trainer_env, secrets))
+    trainers = trainer_processes(ctx, layout, result.trainer_depends_on, result.trainer_env, secrets)
+    processes = watched(config, (*result.services, *trainers))
     prepare = prepare_steps(config)
     files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes)
     scheduled, job_files = scheduler.job(config, composed.recipe, processes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -9,7 +10,7 @@ import math
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts import tiny
 from grpo_launch.contracts.builtins import BUILTIN_MODEL_DIR, MODELS
-from grpo_launch.contracts.plan import Diagnosis, PrepareStep, ProcessSpec
+from grpo_launch.contracts.plan import Diagnosis, Liveness, PrepareStep, ProcessSpec
 from grpo_launch.contracts.rundir import ACCELERATE_FILE
 from grpo_launch.errors import UserError
 from grpo_launch.plan.checks import builtin_model
@@ -106,8 +107,17 @@ def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...],
                                pass_env=tuple(dict.fromkeys([*config.env.passthrough, *secrets])),
                                depends_on=depends_on,
                                ranks=layout.ranks_on(node),
-                               diagnoses=rendezvous_diagnoses(main_ip, port, timeout) if machines > 1 else ()))
+                               diagnoses=rendezvous_diagnoses(main_ip, port, timeout) if machines > 1 else (),
+                               exit_timeout_s=config.run.exit_timeout_s if machines > 1 else None))
     return out
+
+
+def watched(config: Config, processes: tuple[ProcessSpec, ...]) -> tuple[ProcessSpec, ...]:
+    """Every process with a readiness URL is probed there once it is ready (run.health_*): a server that stops
+    answering is noticed within `Liveness.bound_s`, not when the trainer fails."""
+    r = config.run
+    liveness = Liveness(interval_s=r.health_interval_s, timeout_s=r.health_interval_s, failures=r.health_failures)
+    return tuple(dataclasses.replace(p, liveness=liveness) if p.ready_url else p for p in processes)
 
 
 def vllm_serve_argv(config: Config, *, bind: str, port: int, extra: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -137,7 +137,8 @@ class AsyncLora(Placement):
                 argv=vllm_serve_argv(config, bind=ctx.bind_address(), port=port, extra=lora_flags),
                 env=env, pass_env=tuple(config.env.passthrough), port=port, ready_url=f"{url}/health",
                 ready_timeout_s=v.health_timeout_s, start_delay_s=v.stagger_s if i else 0.0,
-                restart=Restart(max_restarts=v.max_restarts) if v.max_restarts else None,
+                restart=Restart(max_restarts=v.max_restarts, reset_after_s=v.restart_reset_s) if v.max_restarts
+                else None,
                 metrics_url=f"{url}/metrics"))
             engines.append(Engine(index=i, node=node, gpus=gpus, process=name, url=url))
 
