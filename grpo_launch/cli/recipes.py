@@ -18,7 +18,7 @@ recipes_app = typer.Typer(
   grpo recipes                                     every recipe with its one-line description
   grpo recipes show qwen72b-colocate               the composed YAML, every default filled in
   grpo recipes show qwen7b-server zero=3 vllm.tensor_parallel_size=4
-  grpo recipes show my-7b --recipes-dir ./recipes    a recipe of another directory
+  grpo recipes show my-7b --recipes-dir ./recipes  a recipe of another directory
   grpo recipes show ./my-recipe.yaml               a recipe file by its path
   grpo recipes new my-7b --from qwen7b-server      copy it to ~/.config/grpo-launch/recipes to edit
 """,

@@ -157,7 +157,8 @@ def recipe_file(argument: str, links: Path) -> tuple[str, Path]:
         raise UserError(f"recipe file {argument} does not start with '# @package _global_': Hydra would read its "
                         f"keys under 'recipe.'", key="recipe",
                         hint="start it as the shipped recipes do (`grpo recipes new NAME --from tiny-cpu` writes one "
-                             "to edit): '# @package _global_', a defaults list of group options, then the keys")
+                             "to edit): '# @package _global_', a defaults list of group options, then the keys; "
+                             "TRL's arguments go under 'trainer:'")
     path = path.resolve()
     if path.parent.name == "recipe" and path.suffix == ".yaml":
         return name, path.parent.parent
