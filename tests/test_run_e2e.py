@@ -97,6 +97,8 @@ def test_run_directory_is_complete_and_launch_sh_replays(tmp_path):
     out = result.stdout
     assert "\x1b" not in out and "\r" not in out
     assert "{'loss'" not in out and "{'loss'" in (run_dir / "logs" / "trainer.log").read_text()
+    # DDP is not asked to look for unused parameters, which the model has none of: no per-rank warning about it
+    assert "find_unused_parameters" not in (run_dir / "logs" / "trainer.log").read_text()
     assert re.search(r"^\[grpo\] step 20/20 · reward \d\.\d{3} \(trend [+-]\d\.\d{3}\) · loss \S+ · length \S+ · step "
                      r"time \d+\.\d\d s$", out, re.M), out
     assert re.search(r"^trainer │ \[grpo-launch\] rank [01] of 2", out, re.M)  # the two ranks may share a line

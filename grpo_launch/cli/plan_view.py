@@ -9,6 +9,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from grpo_launch.cli.console import console as plain_console
+from grpo_launch.cli.console import counted, rule
 from grpo_launch.cli.memory_view import print_memory
 from grpo_launch.cli.prediction_view import print_prediction
 from grpo_launch.contracts.plan import Plan, VllmSettings
@@ -36,12 +38,14 @@ def _grid(plan: Plan) -> Table:
 
 
 def processes_table(plan: Plan) -> Table:
+    """A row per process. A CPU plan's processes hold no GPU (CUDA_VISIBLE_DEVICES=''): no GPUs column there."""
+    on_gpus = plan.accelerator != "cpu"
     table = Table(box=None, pad_edge=False, header_style="bold", show_header=True)
-    for col in ("process", "node", "GPUs", "port", "waits for", "command"):
+    for col in ("process", "node", *["GPUs"] * on_gpus, "port", "waits for", "command"):
         table.add_column(col, overflow="fold", no_wrap=col != "command")
     for p in plan.processes:
-        gpus = ",".join(map(str, p.gpus)) if p.gpus else "-"
-        table.add_row(Text(p.name, style=ROLE_STYLE.get(p.role, "")), str(p.node), gpus,
+        gpus = [",".join(map(str, p.gpus)) if p.gpus else "-"] * on_gpus
+        table.add_row(Text(p.name, style=ROLE_STYLE.get(p.role, "")), str(p.node), *gpus,
                       str(p.port or "-"), Text(", ".join(p.depends_on) or "-"), Text(command_line(p)))
     return table
 
@@ -92,12 +96,17 @@ def vllm_settings_line(v: VllmSettings) -> str:
     return ", ".join(f"{k}={val}" for k, val in values.items() if val is not None)
 
 
-def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None = None) -> None:
-    console = console or Console(highlight=False)
-    devices = "CPU process" if plan.accelerator == "cpu" else f"GPU ({plan.gpu_type} {plan.gpu_memory_gib:g}GB)"
-    console.print(f"[bold]{escape(plan.recipe)}[/] " + escape(f"· placement={plan.placement} · {plan.nodes} node × "
-                                                             f"{plan.gpus_per_node} {devices} · {plan.parallelism} · "
-                                                             f"{plan.launcher} · {plan.world_size} trainer rank(s)"))
+def print_plan(plan: Plan, *, show_files: bool = False, memory_tables: bool = False,
+               console: Console | None = None) -> None:
+    """The plan, compact: the memory estimate as a verdict line per kind of memory unless `memory_tables`."""
+    console = console or plain_console()
+    devices = counted(plan.gpus_per_node, "CPU process" if plan.accelerator == "cpu" else "GPU")
+    if plan.accelerator != "cpu":
+        devices += f" ({plan.gpu_type} {plan.gpu_memory_gib:g}GB)"
+    console.print(f"[bold]{escape(plan.recipe)}[/] " + escape(f"· placement={plan.placement} · "
+                                                             f"{counted(plan.nodes, 'node')} × {devices} · "
+                                                             f"{plan.parallelism} · {plan.launcher} · "
+                                                             f"{counted(plan.world_size, 'trainer rank')}"))
     console.print()
     console.print(_grid(plan))
     console.print()
@@ -117,7 +126,7 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
     console.print()
     _scheduler(plan, console)
     console.print()
-    print_memory(plan.memory, console)
+    print_memory(plan.memory, console, tables=memory_tables)
     console.print()
     print_prediction(plan.prediction, console)
     console.print()
@@ -126,5 +135,5 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
         console.print(f"[yellow]warning:[/] {escape(warning)}")
     if show_files:
         for name, document in plan.files.items():
-            console.rule(escape(name))
+            rule(console, escape(name))
             console.print(document_text(name, document), markup=False, soft_wrap=True)

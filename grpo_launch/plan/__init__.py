@@ -98,7 +98,8 @@ def _planned(composed: Composed) -> Plan:
     layout = result.layout
     world = layout.world_size
 
-    args = build_trainer_args(config, placement, result.trainer_args)
+    args = build_trainer_args(config, placement, result.trainer_args,
+                              ddp=world > 1 and not (config.zero.stage or result.fsdp2))
     inputs = build_trainer_inputs(config, placement, result.weight_sync, result.server_key_env)
     files: dict = {}
     if config.zero.stage:

@@ -125,8 +125,10 @@ def vllm_serve_argv(config: Config, *, bind: str, port: int, extra: tuple[str, .
     alike."""
     v, m = config.vllm, config.model
     argv = ["vllm", "serve", model_path(config), "--host", bind, "--port", str(port),
-            "--tensor-parallel-size", str(v.tensor_parallel_size),
-            "--gpu-memory-utilization", str(v.gpu_memory_utilization), "--dtype", m.dtype]
+            "--tensor-parallel-size", str(v.tensor_parallel_size)]
+    if config.cluster.accelerator == "cuda":  # a CPU's KV cache is sized by VLLM_CPU_KVCACHE_SPACE (`vllm_env`)
+        argv += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
+    argv += ["--dtype", m.dtype]
     if m.revision is not None:
         argv += ["--revision", m.revision]
     if v.max_model_len is not None:

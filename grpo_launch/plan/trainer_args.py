@@ -47,11 +47,18 @@ def check_unmanaged(trainer: dict[str, Any]) -> None:
                             hint=f"remove trainer.{name} and set {MANAGED[name].split(' ')[0]} instead")
 
 
-def build_trainer_args(config: Config, placement: Placement, placement_args: dict[str, Any]) -> dict[str, Any]:
+def build_trainer_args(config: Config, placement: Placement, placement_args: dict[str, Any], *,
+                       ddp: bool) -> dict[str, Any]:
+    """`ddp`: the trainer ranks share the model through torch's DistributedDataParallel."""
     check_unmanaged(config.trainer)
     args: dict[str, Any] = {"output_dir": "checkpoints"}
     if config.cluster.accelerator == "cpu":
         args.update(use_cpu=True, bf16=False)  # TRL defaults to bf16; CPU runs use float32
+    if ddp:
+        # transformers asks DDP to look for unused parameters unless gradients are checkpointed: an extra walk of
+        # the graph every step, and a warning from every rank. A causal LM's forward uses every trainable parameter
+        # (a LoRA's adapters too); a model that leaves some unused sets trainer.ddp_find_unused_parameters=true.
+        args["ddp_find_unused_parameters"] = False
     args.update(config.trainer)
     args.update(placement.model_args(config))
     args.update(placement_args)

@@ -32,10 +32,11 @@ STEP_COMMAND = ('i=0; for n in $GRPO_NODE_NAMES; do if [ "$n" = "$SLURMD_NODENAM
                 'echo "grpo: node $SLURMD_NODENAME is not in this job ($GRPO_NODE_NAMES)" >&2; exit 2')
 
 _HEADER = """#!/bin/bash
-# grpo-launch: run '{recipe}' (placement {placement}) as one Slurm job on {nodes} node(s). Submit it from the run
-# directory, on storage every node shares: `sbatch --chdir=RUN_DIR RUN_DIR/{job_file}` (`grpo run` does, and follows
-# it). On every node grpo-launch's supervisor starts that node's processes of plan.json, as `grpo run` does on one
-# machine: servers first (gated on /health), then the trainer; any failure stops everything.
+# grpo-launch: run '{recipe}' (placement {placement}) as one Slurm job on {nodes}. Submit it from the run
+# directory, on storage every node shares: `cd RUN_DIR && sbatch {job_file}` (`grpo run` does, and follows it). It
+# works in the directory sbatch ran in, $SLURM_SUBMIT_DIR, which `sbatch --chdir` does not change. On every node
+# grpo-launch's supervisor starts that node's processes of plan.json, as `grpo run` does on one machine: servers
+# first (gated on /health), then the trainer; any failure stops everything.
 """
 
 _BODY = """set -u
@@ -126,8 +127,8 @@ class Slurm(Scheduler):
         groups = (trainers,) if services is None else (trainers, services)
         setup = "".join(line + "\n" for line in config.scheduler.setup)
         failures = f"{LOGS_DIR}/{NODE_FAILURES.format(node='*')}"
-        text = _HEADER.format(recipe=recipe, placement=config.placement.kind, nodes=config.cluster.nodes,
-                              job_file=self.job_file)
+        nodes = f"{config.cluster.nodes} node" + "s" * (config.cluster.nodes != 1)
+        text = _HEADER.format(recipe=recipe, placement=config.placement.kind, nodes=nodes, job_file=self.job_file)
         text += "".join(f"#SBATCH {option}\n" for option in self._sbatch_options(config, recipe))
         text += _BODY.format(setup=setup, logs=LOGS_DIR, failures=failures, nodes=config.cluster.nodes,
                              step_command=shell_word(STEP_COMMAND))
