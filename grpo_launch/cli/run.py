@@ -135,12 +135,9 @@ def run(
         if the_plan.scheduler.submit:
             console.print(f"[bold]would then run[/] {' '.join(the_plan.scheduler.submit)} (in the run directory)")
         return
-    from grpo_launch.cli.launching import launch_local, submit
+    from grpo_launch.cli.launching import start
 
-    if the_plan.scheduler.kind == "local":
-        code = launch_local(composed, the_plan, dirs, run_dir=resume, nodes=nodes, join=node_rank is not None,
-                            grace_s=grace_s, console=console, verbose=verbose)[1].code
-    else:
-        code = submit(composed, the_plan, dirs, run_dir=resume, console=console)
-    if code:
-        raise typer.Exit(code)
+    result = start(composed, the_plan, dirs, run_dir=resume, nodes=nodes, join=node_rank is not None, grace_s=grace_s,
+                   console=console, verbose=verbose)[1]
+    if result is not None and result.code:
+        raise typer.Exit(result.code)

@@ -18,6 +18,7 @@ from typing import Any
 from grpo_launch.contracts.inputs import Data, Lora
 from grpo_launch.contracts.knobs import default_of, knob, violation
 from grpo_launch.contracts.proxy import ProxyKnobs
+from grpo_launch.contracts.schedulers import DECLARED
 from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE
 from grpo_launch.errors import UserError, did_you_mean
 
@@ -145,40 +146,24 @@ class Run:
                                               "fails.", gt=0)
 
 
-@dataclass(kw_only=True)
-class Slurm:
-    partition: str | None = knob(None, "#SBATCH --partition; null: the cluster's default partition.")
-    account: str | None = knob(None, "#SBATCH --account to charge.")
-    qos: str | None = knob(None, "#SBATCH --qos.")
-    time_limit: str | None = knob(None, "#SBATCH --time, e.g. 2-00:00:00; null: the partition's limit.")
-    gpus_per_node: int | None = knob(None, "#SBATCH --gpus-per-node; null: cluster.gpus_per_node on GPUs, none "
-                                           "on CPU.", ge=0)
-    gres: str | None = knob(None, "#SBATCH --gres instead of --gpus-per-node, e.g. gpu:h100:8.")
-    sbatch: list[str] = knob(factory=list, doc="More #SBATCH options, verbatim, e.g. --constraint=h100 or "
-                                               "--mem=0.")
-    poll_s: float = knob(1.0, "How often `grpo run` reads the job's state from scontrol.", gt=0)
+def _scheduler_section() -> type:
+    """The `scheduler` section: the kind, the setup lines, and each scheduler's own settings under its key, as the
+    schedulers declare them (`contracts.schedulers`)."""
+    kinds = ", ".join(f"{d.name} ({d.summary})" for d in DECLARED)
+    fields: list[tuple[str, Any, Any]] = [
+        ("kind", str, knob(doc=f"Who starts the processes on the machines: {kinds}. Chosen with scheduler=NAME.",
+                           choices=tuple(d.name for d in DECLARED))),
+        ("setup", list[str], knob(factory=list, doc="Shell commands a scheduler's job runs first on each machine it "
+                                                    "starts (module load ..., source .venv/bin/activate); "
+                                                    "scheduler=local starts nothing and ignores them.")),
+    ]
+    fields += [(d.key, d.settings, knob(factory=d.settings, doc=d.doc)) for d in DECLARED if d.key]
+    section = dataclasses.make_dataclass("Scheduler", fields, kw_only=True)
+    section.__module__ = __name__
+    return section
 
 
-@dataclass(kw_only=True)
-class SkyPilot:
-    cluster_name: str | None = knob(None, "`sky launch -c NAME`; null: grpo-<recipe>.")
-    cloud: str | None = knob(None, "resources.cloud (aws, gcp, kubernetes, ...); null: SkyPilot picks.")
-    accelerators: str | None = knob(None, "resources.accelerators; null: <cluster.gpu_type>:<cluster.gpus_per_node> "
-                                          "on GPUs, none on CPU.")
-    use_spot: bool = knob(False, "resources.use_spot.")
-    disk_size: int | None = knob(None, "resources.disk_size in GB.", ge=1)
-
-
-@dataclass(kw_only=True)
-class Scheduler:
-    kind: str = knob(doc="Who starts the processes on the machines: local (`grpo run` itself: every node from "
-                         "one command when all are this machine, else `grpo run --node-rank K` on each), slurm (a "
-                         "batch job, job.sbatch), skypilot (a SkyPilot task, task.yaml). Chosen with "
-                         "scheduler=NAME.", choices=("local", "slurm", "skypilot"))
-    setup: list[str] = knob(factory=list, doc="slurm, skypilot: shell commands run on the nodes before "
-                                              "anything else (module load ..., source .venv/bin/activate).")
-    slurm: Slurm = knob(factory=Slurm, doc="scheduler=slurm: the batch job's resources.")
-    skypilot: SkyPilot = knob(factory=SkyPilot, doc="scheduler=skypilot: the task's resources.")
+Scheduler = _scheduler_section()
 
 
 @dataclass(kw_only=True)

@@ -176,6 +176,10 @@ class AsyncLora(Placement):
                            depends_on=tuple(e.process for e in engines), metrics_url=f"{url}/metrics")
         return spec, url
 
+    def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
+        return [("trainer", "AsyncGRPOTrainer (FSDP2)", "TRL's async pieces in one process",
+                 "AsyncGRPOTrainer needs CUDA")]
+
     def batch(self, args: dict[str, Any], world: int, result: PlacementResult) -> dict[str, Any]:
         """AsyncGRPOConfig has no batch rules beyond GRPO's group size; these are the sizes it trains with."""
         get = lambda name: trl_fields.effective(args, self.trainer_class, name)  # noqa: E731

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from grpo_launch.contracts.plan import Engine, VllmSettings
+from grpo_launch.contracts.plan import Engine, Plan, VllmSettings
 from grpo_launch.errors import UserError
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import shared_layout
-from grpo_launch.plan.placements.base import Placement
+from grpo_launch.plan.placements.base import Placement, trl_weight_sync
 from grpo_launch.plan.processes import vllm_env
 
 # TRL builds the colocated engine with LLM(max_num_batched_tokens=4096) (trl/generation/vllm_generation.py).
@@ -88,6 +88,9 @@ class Colocate(Placement):
         return PlacementResult(layout=layout, engines=engines, services=[], trainer_args=args,
                                trainer_depends_on=(), vllm=settings, trainer_env=vllm_env(config),
                                weight_sync="reload" if cpu else "trl")
+
+    def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
+        return trl_weight_sync(plan, "direct loads into the colocated engines")
 
     def sized_vllm(self, result: PlacementResult, batch: dict[str, Any]) -> VllmSettings:
         """TRL sizes each colocated engine for its TP group's share of one generation round."""

@@ -8,11 +8,11 @@ the trainer writes its weights into the run directory and the server reloads the
 
 from __future__ import annotations
 
-from grpo_launch.contracts.plan import Engine, ProcessSpec, VllmSettings
+from grpo_launch.contracts.plan import Engine, Plan, ProcessSpec, VllmSettings
 from grpo_launch.errors import UserError
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import dedicated_layout
-from grpo_launch.plan.placements.base import Placement
+from grpo_launch.plan.placements.base import Placement, trl_weight_sync
 from grpo_launch.plan.processes import base_env, require_servers, serve_batch_limits, vllm_env, vllm_serve_argv
 
 
@@ -57,3 +57,6 @@ class Server(Placement):
         return PlacementResult(layout=layout, engines=[Engine(0, node, gpus, process="vllm", url=url)],
                                services=[server], trainer_args=args, trainer_depends_on=("vllm",), vllm=settings,
                                weight_sync="trl" if cuda else "reload")
+
+    def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
+        return trl_weight_sync(plan, "NCCL to the server")

@@ -31,6 +31,10 @@ class Scheduler(ABC):
         """Node `node`'s address when cluster.hosts is empty: loopback on one node, else read where the job runs."""
         return LOOPBACK if config.cluster.nodes == 1 else hosts.reference(node)
 
+    def on_cpu(self, section: Any) -> Any:
+        """The `scheduler` section as a CPU rehearsal of the plan submits it (no GPU request)."""
+        return section
+
     @abstractmethod
     def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec]) -> tuple[SchedulerPlan,
                                                                                          dict[str, Any]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from grpo_launch.compose.schema import Config
@@ -83,6 +84,9 @@ class Slurm(Scheduler):
                             f"cluster.gpus_per_node={config.cluster.gpus_per_node} GPUs of every node",
                             key="scheduler.slurm.gpus_per_node",
                             hint="leave it unset (null) to request cluster.gpus_per_node, or 0 to request none")
+
+    def on_cpu(self, section: Any) -> Any:
+        return replace(section, slurm=replace(section.slurm, gpus_per_node=None, gres=None))
 
     def _gpus(self, config: Config) -> list[str]:
         """The GPU request of the job, and of each step (so each step is bound to its nodes' GPUs)."""
