@@ -40,21 +40,27 @@ def nodes_to_run(plan: Plan, node_rank: int | None) -> list[int]:
 
 
 def start(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path | None = None, nodes: list[int],
-          join: bool = False, grace_s: float, console: Console, verbose: bool) -> tuple[Path, RunResult | None]:
+          join: bool = False, grace_s: float, console: Console, verbose: bool,
+          preflight: bool = False) -> tuple[Path, RunResult | None]:
     """Write the run directory (`run_dir`: a run's to continue, or a new one's path; default: new under run.root)
     and start it through its scheduler: the run directory, and how the run ended (None when its scheduler is not
     installed here and nothing was started, after saying how to start it)."""
     import shlex
 
     from grpo_launch.contracts.schedulers import settings_in
+    from grpo_launch.errors import UserError
     from grpo_launch.launch import curves
     from grpo_launch.launch.schedulers import LAUNCHERS
     from grpo_launch.launch.schedulers.base import Options
     from grpo_launch.materialize import materialize
 
     launcher = LAUNCHERS[the_plan.scheduler.kind]
+    if preflight and not launcher.preflight:
+        able = ", ".join(f"scheduler={name}" for name, other in LAUNCHERS.items() if other.preflight)
+        raise UserError(f"--preflight checks storage and network shared by separately started machines ({able}); "
+                        f"scheduler={launcher.name} has none to check", key="--preflight", hint="drop --preflight")
     settings = settings_in(composed.config.scheduler, launcher.name)
-    options = Options(grace_s=grace_s, verbose=verbose, nodes=tuple(nodes), join=join)
+    options = Options(grace_s=grace_s, verbose=verbose, nodes=tuple(nodes), join=join, preflight=preflight)
     missing = launcher.missing(the_plan)
     started = the_plan if missing else launcher.prepare(the_plan, settings, options, console)
     run_dir = materialize(composed, the_plan, dirs, run_dir=run_dir, join=join).resolve()

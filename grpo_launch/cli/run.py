@@ -19,6 +19,7 @@ EXAMPLES = """
   grpo run --resume runs/tiny-cpu/20261129-171500 trainer.max_steps=40 --force
   grpo run recipe=tiny-cpu-async-lora              proxy + 2 CPU replicas, LoRA adapter versions through the proxy
   grpo run recipe=qwen72b-colocate --rehearse      its whole process graph small, here on CPU, before the GPUs
+  grpo run recipe=qwen1.5b-async-lora scheduler=hf-jobs --preflight   the async post's Jobs, its bucket checked first
 """
 
 
@@ -69,6 +70,9 @@ def run(
                                  "log records and progress bars too) instead of the compact training view."),
     multirun: bool = typer.Option(False, "-m", "--multirun", help="Refused: grpo run starts one run at a time; "
                                   "compare the layouts of a sweep with `grpo plan -m` and run the one you pick."),
+    preflight: bool = typer.Option(False, "--preflight", help="scheduler=hf-jobs: before any GPU Job, two cpu-basic "
+                                   "Jobs check the bucket's mount (read-write and read-only at one path), how soon "
+                                   "a file written by one is seen by the other, and that the Jobs reach each other."),
     rehearse: bool = typer.Option(False, "--rehearse", help="Run the recipe's whole process graph small, for real, "
                                   "on this CPU machine (a tiny model, 2 steps, at most 2 loopback nodes), and "
                                   "report what was exercised as is, shrunk, or could not be; `grpo rehearse` too."),
@@ -92,7 +96,8 @@ def run(
     if rehearse:
         from grpo_launch.cli.rehearse import rehearse_recipe
 
-        for flag, given in (("--resume", resume), ("--dry-run", dry_run), ("--node-rank", node_rank)):
+        for flag, given in (("--resume", resume), ("--dry-run", dry_run), ("--node-rank", node_rank),
+                            ("--preflight", preflight)):
             if given not in (None, False):
                 raise UserError(f"{flag} is for a real run; a rehearsal is a run of its own", key=flag,
                                 hint=f"drop {flag}")
@@ -138,6 +143,6 @@ def run(
     from grpo_launch.cli.launching import start
 
     result = start(composed, the_plan, dirs, run_dir=resume, nodes=nodes, join=node_rank is not None, grace_s=grace_s,
-                   console=console, verbose=verbose)[1]
+                   console=console, verbose=verbose, preflight=preflight)[1]
     if result is not None and result.code:
         raise typer.Exit(result.code)

@@ -9,6 +9,7 @@ one way, compose before plan before launch. The settings are the scheduler's alo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,45 @@ class SkyPilotSettings:
     disk_size: int | None = knob(None, "resources.disk_size in GB.", ge=1)
 
 
+@dataclass(kw_only=True)
+class HfJobsFlavors:
+    trainer: str | None = knob(None, "Flavor of a Job running grpo-launch's node supervisor (the trainer, and the "
+                                     "proxy beside it); null: the smallest h200 flavor with the GPUs its node uses "
+                                     "(cpu-upgrade on CPU).")
+    vllm: str | None = knob(None, "Flavor of a Job serving one vLLM engine; null: the smallest h200 flavor with "
+                                  "vllm.tensor_parallel_size GPUs (cpu-upgrade on CPU).")
+
+
+@dataclass(kw_only=True)
+class HfJobsImages:
+    trainer: str | None = knob(None, "Image of a Job running the node supervisor; null: vLLM's official image (torch, "
+                                     "transformers and vLLM inside), grpo-launch installed at the Job's start "
+                                     "(install_wheel).")
+    vllm: str | None = knob(None, "Image of a vLLM Job; null: vllm/vllm-openai at the vLLM version the plan's "
+                                  "`vllm serve` arguments were checked against.")
+
+
+@dataclass(kw_only=True)
+class HfJobsSettings:
+    namespace: str | None = knob(None, "User or organization the Jobs run (and are billed) in; null: the account "
+                                       "of your token (`hf auth whoami`).")
+    bucket: str | None = knob(None, "Storage Bucket holding the run directories, as namespace/name; null: "
+                                    "<namespace>/grpo-runs. Created when missing.")
+    mount_path: str = knob("/grpo", "Absolute path at which every Job mounts the run's folder of the bucket (the "
+                                    "run directory): the trainer read-write, the vLLM Jobs read-only, so adapter "
+                                    "paths resolve alike.")
+    flavor: HfJobsFlavors = knob(factory=HfJobsFlavors, doc="Hardware flavor of each kind of Job.")
+    image: HfJobsImages = knob(factory=HfJobsImages, doc="Docker image of each kind of Job.")
+    install_wheel: bool = knob(True, "Upload a wheel of this grpo-launch with the run directory and pip-install it "
+                                     "when a supervisor Job starts (false: image.trainer has grpo-launch).")
+    timeout: str = knob("6h", "Each Job's longest life, as `hf jobs run --timeout` takes it (seconds, or a number "
+                              "with s, m, h or d): a Job nobody cancelled stops billing then.")
+    secrets: list[str] = knob(factory=lambda: ["HF_TOKEN"],
+                              doc="Names of the secrets every Job gets, their values read from your environment at "
+                                  "submit (HF_TOKEN also from `hf auth login`); never a value.")
+    poll_s: float = knob(5.0, "How often `grpo run` reads each Job's stage and polls a vLLM Job's /health.", gt=0)
+
+
 @dataclass(frozen=True)
 class Declared:
     name: str                       # scheduler.kind
@@ -56,7 +96,26 @@ DECLARED: tuple[Declared, ...] = (
     Declared("slurm", "a batch job, job.sbatch", "slurm", SlurmSettings, "scheduler=slurm: the batch job's resources."),
     Declared("skypilot", "a SkyPilot task, task.yaml", "skypilot", SkyPilotSettings,
              "scheduler=skypilot: the task's resources."),
+    Declared("hf-jobs", "Hugging Face Jobs, one per machine, sharing a Storage Bucket; hf-jobs.sh", "hf_jobs",
+             HfJobsSettings, "scheduler=hf-jobs: the Jobs, their bucket and their flavors."),
 )
+
+
+# scheduler=hf-jobs names a run's Jobs, its network group and its folder of the bucket after the recipe and the run
+# directory: lowercase letters, digits and '-', the network group's 46 characters at most (huggingface_hub's run_job).
+GROUP_LENGTH = 46
+RECIPE_LENGTH = 24
+
+
+def job_name_part(text: str) -> str:
+    """`text` as a part of a Job's name: lowercase letters, digits and dashes."""
+    return re.sub(r"[^a-z0-9-]", "-", text.lower())
+
+
+def run_group(recipe: str, run_dir_name: str) -> str:
+    """The run's network group, the prefix of its Jobs' names and its folder in the bucket (hf-jobs.sh derives the
+    same with `tr`)."""
+    return job_name_part(f"{job_name_part(recipe)[:RECIPE_LENGTH]}-{run_dir_name}")[:GROUP_LENGTH]
 
 
 def declared(name: str) -> Declared:

@@ -11,8 +11,9 @@ are (`logs`). The CLI asks it; nothing outside this package compares a scheduler
 from __future__ import annotations
 
 from grpo_launch.launch.schedulers.base import Launcher
+from grpo_launch.launch.schedulers.hf_jobs import HfJobs
 from grpo_launch.launch.schedulers.local import Local
 from grpo_launch.launch.schedulers.skypilot import SkyPilot
 from grpo_launch.launch.schedulers.slurm import Slurm
 
-LAUNCHERS: dict[str, Launcher] = {s.name: s for s in (Local(), Slurm(), SkyPilot())}
+LAUNCHERS: dict[str, Launcher] = {s.name: s for s in (Local(), Slurm(), SkyPilot(), HfJobs())}

@@ -27,6 +27,7 @@ class Options:
     verbose: bool = False              # every line the processes print
     nodes: tuple[int, ...] = ()        # scheduler=local: the nodes this `grpo run` starts
     join: bool = False                 # scheduler=local: this node joins a run directory another node wrote
+    preflight: bool = False            # check the machines' storage and network with cheap ones first
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Launcher(ABC):
     reach: ClassVar[str]               # where its nodes find the run directory, in words
     node_rank: ClassVar[bool] = False  # whether `grpo run --node-rank K` starts one node of it (scheduler=local)
     not_installed: ClassVar[str | None] = None  # what to do where its submit command is not installed
+    preflight: ClassVar[bool] = False  # `grpo run --preflight` checks its storage and network with cheap machines
 
     def missing(self, plan: Plan) -> str | None:
         """Why its job cannot be submitted from here and what to do instead (the run directory is written all the

@@ -33,7 +33,7 @@ class Server(Placement):
                             f"models", key="vllm.data_parallel_size",
                             hint="use vllm.tensor_parallel_size for a bigger server, or placement=async-lora for "
                                  "several replicas")
-        layout = dedicated_layout(config, engines=1, gpus_per_engine=v.tensor_parallel_size)
+        layout = dedicated_layout(config, engines=1, gpus_per_engine=v.tensor_parallel_size, apart=ctx.engines_apart)
         node, gpus = layout.engine_gpus[0]
         port = ctx.ports.next_free(node, v.port, "the vLLM server", "vllm.port")
         url = f"http://{ctx.host(node)}:{port}"

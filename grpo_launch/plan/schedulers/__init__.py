@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.plan.schedulers.base import Scheduler
+from grpo_launch.plan.schedulers.hf_jobs import HfJobs
 from grpo_launch.plan.schedulers.local import Local
 from grpo_launch.plan.schedulers.skypilot import SkyPilot
 from grpo_launch.plan.schedulers.slurm import Slurm
 
-SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (Local(), Slurm(), SkyPilot())}
+SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (Local(), Slurm(), SkyPilot(), HfJobs())}
 
 
 def scheduler_of(config: Config) -> Scheduler:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpo_launch.compose.schema import Config
-from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, SchedulerPlan
+from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, SchedulerPlan
 from grpo_launch.contracts.rundir import SKYPILOT_TASK_FILE
 from grpo_launch.plan.schedulers.base import NODE_SUPERVISOR, Scheduler
 
@@ -42,8 +42,8 @@ class SkyPilot(Scheduler):
     name = "skypilot"
     job_file = SKYPILOT_TASK_FILE
 
-    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec]) -> tuple[SchedulerPlan,
-                                                                                         dict[str, Any]]:
+    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec],
+            prepare: Sequence[PrepareStep]) -> tuple[SchedulerPlan, dict[str, Any]]:
         s = config.scheduler.skypilot
         nodes = config.cluster.nodes
         resources: dict[str, Any] = {}

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from grpo_launch.compose.schema import Config
-from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, SchedulerPlan
+from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, SchedulerPlan
 from grpo_launch.contracts.rundir import JOB_LOG, LOGS_DIR, NODE_FAILURES, SLURM_JOB_FILE
 from grpo_launch.errors import UserError
 from grpo_launch.plan.schedulers.base import NODE_SUPERVISOR, Scheduler, node_groups, node_list
@@ -72,6 +72,7 @@ exit "$rc"
 class Slurm(Scheduler):
     name = "slurm"
     job_file = SLURM_JOB_FILE
+    shares_run_dir = True  # submitted from the run directory, on storage every node mounts
 
     def check(self, config: Config) -> None:
         super().check(config)
@@ -118,8 +119,8 @@ class Slurm(Scheduler):
         return (f"# {group.name}: {node_list(group.nodes)} ({', '.join(group.processes)}); {group.ends}\n"
                 f"srun {' '.join(options)} \\\n     bash -c \"$node_supervisor\" &\n{group.name}=$!\n")
 
-    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec]) -> tuple[SchedulerPlan,
-                                                                                         dict[str, Any]]:
+    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec],
+            prepare: Sequence[PrepareStep]) -> tuple[SchedulerPlan, dict[str, Any]]:
         command = shlex.join(NODE_SUPERVISOR) + " --node K"
         trainers, services = node_groups(processes, config.cluster.nodes, command)
         groups = (trainers,) if services is None else (trainers, services)
