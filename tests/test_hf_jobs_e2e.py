@@ -18,8 +18,11 @@ import pytest
 from conftest import RUN_ENV, grpo
 from hf_jobs_standin import StandIn, missing
 
+from grpo_launch.compose import compose
 from grpo_launch.contracts.schedulers import run_group
-from grpo_launch.launch import curves
+from grpo_launch.launch import curves, prepared
+from grpo_launch.materialize import materialize
+from grpo_launch.plan import build_plan
 
 pytestmark = pytest.mark.slow
 
@@ -132,11 +135,11 @@ def assert_nothing_left(standin: StandIn, run: Run) -> None:
 
 
 def test_the_async_lora_recipe_runs_as_jobs_end_to_end(standin, start, tmp_path):
-    """--preflight, 2 vLLM Jobs waited for on their exposed /health, the trainer Job (proxy + trainer) training 12
+    """--preflight, 2 vLLM Jobs waited for on their exposed /health, the trainer Job (proxy + trainer) training 8
     steps with adapter versions loaded on both replicas through the bucket mount; a replica's machine dying mid-run is
     submitted again; at the end every Job is cancelled and the run directory comes back from the bucket."""
     before = set(standin.jobs)
-    run = start("--preflight", "trainer.max_steps=12")
+    run = start("--preflight")
     run.wait_for(lambda: len(run.bucket_metrics()) >= 2, timeout=600)
     standin.crash(job_of(run, "vllm-1").id)
     out = run.end()
@@ -175,8 +178,8 @@ def test_the_async_lora_recipe_runs_as_jobs_end_to_end(standin, start, tmp_path)
 
     # Training happened in the Jobs and came back: every step, adapters through the read-only mount.
     run_dir = run.run_dir
-    assert [r["step"] for r in curves.read_metrics(run_dir)] == list(range(1, 13))
-    assert (run_dir / "reward_curve.png").is_file() and "training finished at step 12" in \
+    assert [r["step"] for r in curves.read_metrics(run_dir)] == list(range(1, 9))
+    assert (run_dir / "reward_curve.png").is_file() and "training finished at step 8" in \
         (run_dir / "logs" / "trainer.log").read_text()
     assert f"path '{mount}/checkpoints/.vllm_lora/trl-policy-v" in (run_dir / "logs" / "vllm-0.job.log").read_text()
     submitted = json.loads((run_dir / "submitted.json").read_text())
@@ -190,6 +193,36 @@ def test_the_async_lora_recipe_runs_as_jobs_end_to_end(standin, start, tmp_path)
 
     stopped = grpo("stop", str(run_dir), env=run.env)
     assert stopped.returncode == 0 and "cancelled" not in stopped.stdout and "COMPLETED" in stopped.stdout
+
+
+def test_hf_jobs_sh_replays_the_run_by_hand(standin, tmp_path):
+    """The run directory's hf-jobs.sh, by hand: the real `hf` CLI submits the Jobs to the stand-in (`hf buckets sync`
+    copied, tests/hf_shim), waits on the vLLM Job's /health with the token, follows the trainer Job's logs, brings the
+    run directory back and cancels the vLLM Job on its way out."""
+    composed = compose(["recipe=tiny-cpu-async-lora", "scheduler=hf-jobs", *ONE_REPLICA, "trainer.max_steps=3",
+                        f"run.root={tmp_path / 'runs'}", f"scheduler.hf_jobs.mount_path={tmp_path / 'mnt'}",
+                        "scheduler.hf_jobs.install_wheel=false"])
+    plan = build_plan(composed)
+    run_dir = materialize(composed, plan, [])
+    for step in plan.prepare:  # the tiny model the other runs built, kept (launch.prepared): the script skips it
+        prepared.restore(step.cache_key, run_dir / step.creates)
+    shim = ROOT / "tests" / "hf_shim"
+    env = {**os.environ, **RUN_ENV, "PATH": f"{shim}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "GRPO_REAL_HF": str(Path(sys.executable).parent / "hf"), "GRPO_TESTS_DIR": str(ROOT / "tests"),
+           "GRPO_STANDIN_ROOT": str(standin.root), "HF_ENDPOINT": standin.endpoint, "HF_TOKEN": TOKEN,
+           "HF_JOBS_NAMESPACE": "standin-user", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(["bash", "hf-jobs.sh"], cwd=run_dir, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "grpo: the trainer Job ended COMPLETED" in done.stdout
+    group = run_group("tiny-cpu-async-lora", run_dir.name)
+    mine = [j for j in standin.jobs.values() if j.spec["labels"]["grpo-run"] == group]
+    deadline = time.time() + 30  # the script asked for the cancel on its way out; the Job ends a moment later
+    while time.time() < deadline and not all(j.ended for j in mine):
+        time.sleep(0.2)
+    assert sorted((j.spec["labels"]["name"].removeprefix(group + "-"), j.stage) for j in mine) == \
+        [("trainer", "COMPLETED"), ("vllm-0", "CANCELED")]
+    assert [r["step"] for r in curves.read_metrics(run_dir)] == [1, 2, 3]  # brought back from the bucket
+    assert not standin.processes_left()
 
 
 def test_a_replica_job_that_errors_before_serving_stops_everything(standin, start):

@@ -338,9 +338,11 @@ fi
 _SCRIPT_WHEEL = "  ls {wheels}/grpo_launch-*.whl >/dev/null 2>&1 || python3 -m grpo_launch.launch.wheel {wheels}\n"
 
 _SCRIPT_TAIL = """
-# Follow the trainer Job to its end; its stage names the exit code. The EXIT trap cancels every Job.
+# Follow the trainer Job to its end, bring the run directory back; the trainer's stage names the exit code. The
+# EXIT trap cancels every Job.
 [ "$dry_run" = 1 ] && exit 0
 hf jobs logs --follow --namespace "$namespace" "$trainer" || true
+hf buckets sync "hf://buckets/$bucket/$run_id" .  # the run directory back: logs, metrics, checkpoints
 stage="$(hf jobs inspect --namespace "$namespace" "$trainer" --format json \\
   | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["status"]["stage"])')"
 echo "grpo: the trainer Job ended $stage"
