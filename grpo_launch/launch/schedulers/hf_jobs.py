@@ -108,10 +108,9 @@ class JobsRun:
     def __init__(self, plan: Plan, run_dir: Path, settings: HfJobsSettings, console: Console, options: Options):
         self.plan, self.run_dir, self.settings, self.options = plan, run_dir, settings, options
         self.api = _hub()
-        self.namespace = settings.namespace or self.api.whoami()["name"]
-        self.bucket = settings.bucket or f"{self.namespace}/{DEFAULT_BUCKET_NAME}"
+        self.namespace = settings.namespace or ""   # your account's, asked of the Hub when the run starts
+        self.bucket = settings.bucket or ""
         self.group = run_group(plan.recipe, run_dir.name)
-        self.folder = f"hf://buckets/{self.bucket}/{self.group}"
         names = [j.name for j in plan.scheduler.jobs]
         if options.preflight:
             names += ["preflight-writer", "preflight-reader"]
@@ -203,10 +202,13 @@ class JobsRun:
                 except Exception as e:  # noqa: BLE001
                     self.display.say(f"{job.spec.name}: cancelling Job {job.id} failed: {e}", style="bold red")
         deadline = time.monotonic() + CANCEL_WAIT_S
-        while time.monotonic() < deadline and any(not j.ended for j in self.jobs.values()):
+        while time.monotonic() < deadline and self.presses < 2 and any(not j.ended for j in self.jobs.values()):
             for job in self.jobs.values():
                 if not job.ended:
-                    self._inspect(job)
+                    try:
+                        self._inspect(job)
+                    except Exception as e:  # noqa: BLE001  (asked again until the bound; then named below)
+                        self.display.say(f"{job.spec.name}: its stage could not be read: {e}", style="yellow")
             time.sleep(TICK_S)
         left = [f"{j.spec.name} (Job {j.id}, {j.stage})" for j in self.jobs.values() if not j.ended]
         if left:
@@ -228,7 +230,14 @@ class JobsRun:
             wheel = build_wheel(self.run_dir / WHEELS_DIR)
             self.display.say(f"wheel of this grpo-launch for the supervisor Jobs: {wheel.relative_to(self.run_dir)}")
 
+    @property
+    def folder(self) -> str:
+        return f"hf://buckets/{self.bucket}/{self.group}"
+
     def _upload(self) -> None:
+        if not self.namespace:
+            self.namespace = self.api.whoami()["name"]
+        self.bucket = self.bucket or f"{self.namespace}/{DEFAULT_BUCKET_NAME}"
         self.api.create_bucket(self.bucket, private=True, exist_ok=True)
         self.display.say(f"uploading the run directory to {self.folder} (mounted at {self.settings.mount_path})")
         bucket_transfer(self.api, str(self.run_dir), self.folder)
@@ -295,6 +304,8 @@ class JobsRun:
     def _preflight(self) -> bool:
         """Two CPU Jobs on the run's folder: one read-write, one read-only at the same path; a file one writes is
         seen by the other within a bound, and they reach each other over the network group."""
+        if self.presses:
+            return False
         mount = self.settings.mount_path
         script = f"{mount}/{PREFLIGHT_FILE}"
         self.display.say(f"preflight: 2 {PREFLIGHT_FLAVOR} Jobs check the bucket at {mount} and the network group")
@@ -332,6 +343,8 @@ class JobsRun:
         return bool(passed)
 
     def _servers_and_trainer(self) -> None:
+        if self.presses:  # stopped while the run directory was uploaded
+            return
         servers = [j for j in self.plan.scheduler.jobs if not j.supervisor]
         supervisors = [j for j in self.plan.scheduler.jobs if j.supervisor]
         for spec in servers:
@@ -350,6 +363,7 @@ class JobsRun:
         self.display.stopping(self.presses)
 
     def run(self) -> RunResult:
+        import httpx
         from huggingface_hub.errors import HfHubHTTPError
 
         previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
@@ -364,8 +378,11 @@ class JobsRun:
                 except HfHubHTTPError as e:  # a Job refused (no credits, a flavor not granted, ...)
                     self.failures.append(Failure("hf-jobs", 1, f"the Hub refused a request: {e}",
                                                  self.run_dir / LOGS_DIR))
+                except httpx.HTTPError as e:
+                    self.failures.append(Failure("hf-jobs", 1, f"the Hub could not be reached: {e}",
+                                                 self.run_dir / LOGS_DIR))
                 self.cancel_all()
-                if self.jobs:
+                if self.jobs and self.presses < 2:
                     self.display.say(f"bringing the run directory back from {self.folder}")
                     bucket_transfer(self.api, self.folder, str(self.run_dir))
         finally:
