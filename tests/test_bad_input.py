@@ -494,7 +494,7 @@ def test_the_run_summary_prints_paths_as_written(tmp_path):
     from grpo_launch.cli.launching import _finish
 
     console = Console(record=True, width=200)
-    _finish(tmp_path / "[/]run [bold]x", 1, console, None)
+    _finish(tmp_path / "[/]run [bold]x", 1, console, None, [])
     assert f"failed run directory: {tmp_path / '[/]run [bold]x'}" in console.export_text()
 
 

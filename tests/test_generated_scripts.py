@@ -26,7 +26,7 @@ from conftest import grpo
 
 from grpo_launch.cli import main
 from grpo_launch.compose import compose, schema
-from grpo_launch.contracts import hosts
+from grpo_launch.contracts import hosts, schedulers
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.plan import build_plan
 from grpo_launch.plan.documents import document_text
@@ -45,6 +45,11 @@ NOT_HOSTILE = {
     "cluster.hosts": "addresses: checked to be hostnames or IP addresses (issue 15 §4)",
     "proxy.host": "an address: checked to be a hostname or IP address (issue 15 §4)",
     "placement.kind": "a placement's name: one of the placements, chosen with placement=NAME",
+    **{f"scheduler.hf_jobs.{key}": "scheduler=hf-jobs checks its forms at plan time (plan/schedulers/hf_jobs.py: "
+                                   "names, namespace/name, an absolute path, a duration, image references, the "
+                                   "library's flavors, variable names)"
+       for key in ("namespace", "secrets", "bucket", "mount_path", "timeout", "image.trainer", "image.vllm",
+                   "flavor.trainer", "flavor.vllm")},
 }
 
 
@@ -351,22 +356,22 @@ def test_skypilot_knows_the_clouds_and_names_we_check():
     done = subprocess.run([str(SKY_PYTHON), "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     clouds, cluster_regex, task_regex = json.loads(done.stdout.strip().splitlines()[-1])
-    assert tuple(clouds) == schema.SKYPILOT_CLOUDS
+    assert tuple(clouds) == schedulers.SKYPILOT_CLOUDS
     for name in ("grpo-tiny-cpu", "a", "a.b_c--d", "A1", "a__b"):
-        assert schema.SKYPILOT_NAME.fits(name)
+        assert schedulers.SKYPILOT_NAME.fits(name)
         assert re.fullmatch(cluster_regex, name) and re.fullmatch(task_regex, name)
     for name in ("1a", "a-", "-a", "a b", "a---b", "a.", "_a"):
-        assert not schema.SKYPILOT_NAME.fits(name)
+        assert not schedulers.SKYPILOT_NAME.fits(name)
         assert not (re.fullmatch(cluster_regex, name) and re.fullmatch(task_regex, name))
 
 
 SLURM_FORMS = [  # (form, values sbatch(1) documents, values that are not one option's value)
-    (schema.SLURM_NAMES, ["gpu", "gpu,cpu", "a100-80gb.q"], ["gpu cpu", "gpu,", "$(x)", "gpu;x", ""]),
-    (schema.SLURM_NAME, ["proj-1", "high", "my_account.x"], ["a b", "a,b", "`x`", ""]),
-    (schema.SLURM_TIME, ["0", "90", "30:00", "12:00:00", "2-00", "2-12:30", "2-12:30:00", "UNLIMITED"],
+    (schedulers.SLURM_NAMES, ["gpu", "gpu,cpu", "a100-80gb.q"], ["gpu cpu", "gpu,", "$(x)", "gpu;x", ""]),
+    (schedulers.SLURM_NAME, ["proj-1", "high", "my_account.x"], ["a b", "a,b", "`x`", ""]),
+    (schedulers.SLURM_TIME, ["0", "90", "30:00", "12:00:00", "2-00", "2-12:30", "2-12:30:00", "UNLIMITED"],
      ["1 day", "1h", "2-", ":30", "-1"]),
-    (schema.SLURM_GRES, ["gpu", "gpu:8", "gpu:h100:8", "gpu:h100:8,nic:1"], ["gpu:h100:8:1", "gpu 8", "gpu:$(x)"]),
-    (schema.SBATCH_OPTION, ["--mem=0", "#SBATCH --constraint=h100", "-C h100"], ["mem=0", "touch /tmp/x"]),
+    (schedulers.SLURM_GRES, ["gpu", "gpu:8", "gpu:h100:8", "gpu:h100:8,nic:1"], ["gpu:h100:8:1", "gpu 8", "gpu:$(x)"]),
+    (schedulers.SBATCH_OPTION, ["--mem=0", "#SBATCH --constraint=h100", "-C h100"], ["mem=0", "touch /tmp/x"]),
 ]
 
 

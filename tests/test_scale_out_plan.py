@@ -186,10 +186,13 @@ def test_skypilot_task_reads_its_nodes_from_skypilot():
 
 
 def test_json_contract_has_a_scheduler_section():
-    for kind, job_file in (("local", None), ("slurm", "job.sbatch"), ("skypilot", "task.yaml")):
+    for kind, job_file in (("local", None), ("slurm", "job.sbatch"), ("skypilot", "task.yaml"),
+                           ("hf-jobs", "hf-jobs.sh")):
         plan = plan_json(*TWO_CPU_NODES, f"scheduler={kind}")
         section = plan["scheduler"]
-        assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups", "verbatim"}
+        assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups", "verbatim", "jobs",
+                                "storage", "price_per_hour"}
+        assert bool(section["jobs"]) == (kind == "hf-jobs")
         assert (section["kind"], section["job_file"]) == (kind, job_file)
         assert job_file is None or job_file in plan["files"]
         for group in section["groups"]:

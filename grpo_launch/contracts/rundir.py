@@ -12,6 +12,9 @@ ACCELERATE_FILE = "accelerate.yaml"  # accelerate's config file
 LAUNCH_FILE = "launch.sh"          # replays every process by hand, without grpo-launch
 SLURM_JOB_FILE = "job.sbatch"      # scheduler=slurm: the batch job
 SKYPILOT_TASK_FILE = "task.yaml"   # scheduler=skypilot: the SkyPilot task
+HF_JOBS_FILE = "hf-jobs.sh"        # scheduler=hf-jobs: the Jobs, submitted by hand with `hf jobs run`
+WHEELS_DIR = "dist"                # scheduler=hf-jobs: the wheel of grpo-launch a Job installs at its start
+SUBMITTED_FILE = "submitted.json"  # what `grpo run` started (its job IDs, its pid): what `grpo stop` ends
 JOB_LOG = "job.log"                # under logs/: the batch script's own output
 NODE_FAILURES = "node-{node}.failure"  # under logs/: 'CODE TIME_NS REASON' of a node whose processes failed
 PREPARE_LOCK = ".prepare.lock"    # nodes sharing a run directory take turns at the prepare steps

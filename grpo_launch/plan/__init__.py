@@ -47,10 +47,10 @@ if TYPE_CHECKING:
 __all__ = ["Plan", "ProcessSpec", "build_plan"]
 
 
-def _gpu_map(config: Config, layout: Layout, engines: list[Engine], placement: Placement) -> tuple[tuple[str, ...],
-                                                                                                  ...]:
+def _gpu_map(config: Config, layout: Layout, engines: list[Engine], placement: Placement,
+             unused: str) -> tuple[tuple[str, ...], ...]:
     c = config.cluster
-    grid = [["idle"] * c.gpus_per_node for _ in range(c.nodes)]
+    grid = [[unused] * c.gpus_per_node for _ in range(c.nodes)]
     for rank in range(layout.world_size):
         node, gpu = layout.rank_location(rank)
         grid[node][gpu] = f"train {rank}"
@@ -61,9 +61,9 @@ def _gpu_map(config: Config, layout: Layout, engines: list[Engine], placement: P
     return tuple(tuple(row) for row in grid)
 
 
-def _idle_warning(layout: Layout, config: Config) -> list[str]:
+def _idle_warning(layout: Layout, config: Config, sized_machines: bool) -> list[str]:
     idle = layout.idle(config.cluster.nodes, config.cluster.gpus_per_node)
-    if not idle or config.cluster.accelerator == "cpu":
+    if not idle or config.cluster.accelerator == "cpu" or sized_machines:
         return []
     where = ", ".join(f"node {n} GPU {g}" for n, g in idle)
     return [f"{len(idle)} GPU(s) idle: {where}"]
@@ -91,8 +91,9 @@ def _planned(composed: Composed) -> Plan:
     placement = placement_of(config)
     trl_fields.check_trainer_args(config.trainer, placement.trainer_class)
     check_context(config, placement.trainer_class)
+    config, engines_apart = scheduler.shape(config, lambda c: placement.plan(Context(c)).layout)
 
-    ctx = Context(config)
+    ctx = Context(config, engines_apart=engines_apart)
     result = placement.plan(ctx)
     check_tensor_parallel(config)  # after the layout's own TP rules: a size that cannot be laid out says so first
     layout = result.layout
@@ -115,7 +116,7 @@ def _planned(composed: Composed) -> Plan:
     processes = watched(config, (*result.services, *trainers))
     prepare = prepare_steps(config)
     files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes)
-    scheduled, job_files = scheduler.job(config, composed.recipe, processes)
+    scheduled, job_files = scheduler.job(config, composed.recipe, processes, prepare)
     files.update(job_files)
     plan = Plan(
         recipe=composed.recipe,
@@ -132,7 +133,7 @@ def _planned(composed: Composed) -> Plan:
         zero_stage=config.zero.stage,
         engines=tuple(result.engines),
         processes=processes,
-        gpu_map=_gpu_map(config, layout, result.engines, placement),
+        gpu_map=_gpu_map(config, layout, result.engines, placement, "-" if scheduler.sized_machines else "idle"),
         ports=ctx.ports.claims(),
         files=files,
         prepare=prepare,
@@ -141,7 +142,8 @@ def _planned(composed: Composed) -> Plan:
         trainer_inputs=inputs,
         batch=batch,
         scheduler=scheduled,
-        warnings=tuple(ctx.warnings + _idle_warning(layout, config) + exposed_dev_mode(processes)),
+        warnings=tuple(ctx.warnings + _idle_warning(layout, config, scheduler.sized_machines)
+                       + scheduler.warnings(config, scheduled) + exposed_dev_mode(processes)),
     )
     model = catalog.resolve(config.model)  # the one read planning may do: a local model's config.json
     plan = replace(plan, memory=estimate_memory(config, plan, placement, model))  # the CLI decides if a misfit is fatal

@@ -18,6 +18,9 @@ class Context:
     """Shared, per-plan state a placement reads and adds to."""
 
     config: Config
+    # Each vLLM engine on a machine of its own, the trainer nodes keeping this many GPUs each (a scheduler whose
+    # machines are sized to what they run); None: engines share nodes, from the last one down.
+    engines_apart: int | None = None
     ports: PortBook = field(init=False)
     warnings: list[str] = field(default_factory=list)
 

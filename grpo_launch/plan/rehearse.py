@@ -18,6 +18,7 @@ from grpo_launch.compose.schema import Config, Model, TinyModel
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.contracts.vllm import VLLM_LORA_RANKS
 from grpo_launch.plan.placements import placement_of
+from grpo_launch.plan.schedulers import SCHEDULERS
 
 KEPT, SHRUNK, COULD_NOT = "kept", "shrunk", "could not"
 MAX_NODES = 2
@@ -166,13 +167,7 @@ def derive(config: Config, plan: Plan, *, host_memory_gib: float, hub: str | Non
         if v.sleep_level:
             features.append(_feature("vLLM sleep mode", f"level {v.sleep_level}", "off (level 0)",
                                      "vLLM has no sleep mode on a CPU (CUDA, ROCm and XPU only)", impossible=True))
-        if plan.trainer_inputs.weight_sync == "trl" and plan.trainer_inputs.lora is None:
-            how = "NCCL to the server" if dedicated else "direct loads into the colocated engines"
-            features.append(_feature("weight sync", f"TRL's ({how})", "weights written to the run directory and "
-                                     "reloaded by vLLM", "NCCL and TRL's direct loads need CUDA", impossible=True))
-    if plan.trainer_inputs.trainer == "async-grpo":
-        features.append(_feature("trainer", "AsyncGRPOTrainer (FSDP2)", "TRL's async pieces in one process",
-                                 "AsyncGRPOTrainer needs CUDA", impossible=True))
+    features += [_feature(*gpu_only, impossible=True) for gpu_only in placement.needs_cuda(plan)]
 
     # -- training -------------------------------------------------------------------------------------------------
     z = config.zero
@@ -229,7 +224,7 @@ def derive(config: Config, plan: Plan, *, host_memory_gib: float, hub: str | Non
         cluster=replace(c, accelerator="cpu", nodes=nodes, gpus_per_node=slots, gpu_type="cpu",
                         gpu_memory_gib=host_memory_gib, host_memory_gib=host_memory_gib, hosts=[]),
         placement=replace(config.placement, trainer_nodes=rehearsal_trainer_nodes),
-        scheduler=replace(scheduler, slurm=replace(scheduler.slurm, gpus_per_node=None, gres=None)),
+        scheduler=SCHEDULERS[scheduler.kind].on_cpu(scheduler),
         run=replace(config.run, dir=None))
     return Rehearsal(rehearsal, tuple(features), files)
 

@@ -23,6 +23,7 @@ from grpo_launch.contracts.rundir import METRICS_FILE, PLAN_FILE, REWARDS_DIR
 from grpo_launch.contracts.secrets import secret_names, secret_values
 from grpo_launch.trainer.data import import_target, load_training_dataset
 from grpo_launch.trainer.progress import PROGRESS, step_callback, write_failure
+from grpo_launch.trainer.vllm_sync import reloads
 
 FINAL_DIR = "final"
 TRAINER_STATE = "trainer_state.json"  # transformers' name, written last into each checkpoint
@@ -94,7 +95,7 @@ def train_grpo(plan: Plan, dataset, rewards) -> None:
     if plan.accelerator == "cpu":
         _allow_indexed_cpu_locations()
     args = GRPOConfig(**plan.trainer_args)
-    reload = plan.trainer_inputs.weight_sync == "reload"
+    reload = reloads(plan)
     if reload:
         from grpo_launch.trainer.vllm_sync import use_reload_sync
 

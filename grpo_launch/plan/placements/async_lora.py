@@ -115,7 +115,8 @@ class AsyncLora(Placement):
                             key="vllm.max_loras", hint=f"set vllm.max_loras={staleness + 2} or more")
         slots = LoraSlots(max_loras=max_loras, max_lora_rank=_lora_rank_slot(config))
         replicas = v.data_parallel_size or DEFAULT_REPLICAS
-        layout = dedicated_layout(config, engines=replicas, gpus_per_engine=v.tensor_parallel_size)
+        layout = dedicated_layout(config, engines=replicas, gpus_per_engine=v.tensor_parallel_size,
+                                  apart=ctx.engines_apart)
         if config.cluster.accelerator == "cpu" and layout.world_size != self.cpu_trainer_ranks:
             raise UserError(f"async-lora on a CPU trains in {self.cpu_trainer_ranks} process (TRL's async pieces; "
                             f"AsyncGRPOTrainer needs CUDA), but the layout gives the trainer {layout.world_size} "
@@ -147,7 +148,7 @@ class AsyncLora(Placement):
         output_dir = config.trainer.get("output_dir", "checkpoints")
         adapter_dir = f"{output_dir}/{ADAPTER_SUBDIR}"
         remote = sorted({e.node for e in engines} - {proxy.node})
-        if remote:
+        if remote and not ctx.scheduler.shares_run_dir:
             ctx.warnings.append(f"replicas on node(s) {remote} load adapters from {adapter_dir} written on node "
                                 f"{proxy.node}: set trainer.output_dir to an absolute path on storage every node "
                                 f"mounts at the same place")
@@ -188,6 +189,10 @@ class AsyncLora(Placement):
                            depends_on=tuple(e.process for e in engines), metrics_url=f"{url}/metrics",
                            probe_key_env=p.api_key_env)
         return spec, url
+
+    def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
+        return [("trainer", "AsyncGRPOTrainer (FSDP2)", "TRL's async pieces in one process",
+                 "AsyncGRPOTrainer needs CUDA")]
 
     def batch(self, args: dict[str, Any], world: int, result: PlacementResult) -> dict[str, Any]:
         """AsyncGRPOConfig has no batch rules beyond GRPO's group size; these are the sizes it trains with."""

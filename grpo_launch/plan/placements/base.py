@@ -14,6 +14,14 @@ from grpo_launch.plan.step_time import Lengths, StepModel, StepSplit, TrainingBa
 from grpo_launch.plan.trl_rules import grpo_batch
 
 
+def trl_weight_sync(plan: Plan, how: str) -> list[tuple[str, str, str, str]]:
+    """TRL's own weight sync (`how` it reaches vLLM) where a real plan on GPUs uses it: full weights, no adapter."""
+    if plan.accelerator != "cuda" or not plan.vllm.enabled or plan.trainer_inputs.lora is not None:
+        return []
+    return [("weight sync", f"TRL's ({how})", "weights written to the run directory and reloaded by vLLM",
+             "NCCL and TRL's direct loads need CUDA")]
+
+
 class Placement(ABC):
     name: ClassVar[str]                             # placement.kind, and the group file's name
     trainer_class: ClassVar[str]                    # the TRL config class its trainer takes (trl_fields)
@@ -23,6 +31,11 @@ class Placement(ABC):
     sleep_levels: ClassVar[tuple[int, ...]] = (0,)  # vllm.sleep_level values it can run with
     chat_prompts: ClassVar[bool] = False            # its trainer takes prompts as chat messages only
     cpu_trainer_ranks: ClassVar[int | None] = None  # how many trainer ranks its trainer takes on a CPU (None: any)
+
+    def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
+        """What its plan does that only CUDA can, for a rehearsal on a CPU to list as could-not: (feature, what the
+        recipe does, what the rehearsal does instead, why)."""
+        return []
 
     @abstractmethod
     def plan(self, ctx: Context) -> PlacementResult:

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from grpo_launch.contracts.plan import Engine, VllmSettings
+from grpo_launch.contracts.plan import Engine, Plan, VllmSettings
 from grpo_launch.errors import UserError
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import shared_layout
-from grpo_launch.plan.placements.base import Placement
+from grpo_launch.plan.placements.base import Placement, trl_weight_sync
 from grpo_launch.plan.processes import vllm_env
 from grpo_launch.plan.step_time import StepModel, StepSplit, one_after_another
 
@@ -100,6 +100,8 @@ class Colocate(Placement):
         training = model.training
         return one_after_another(model.batch_generation(), sync, (training.seconds, training.detail),
                                  why="every GPU generates, then trains")
+    def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
+        return trl_weight_sync(plan, "direct loads into the colocated engines")
 
     def sized_vllm(self, result: PlacementResult, batch: dict[str, Any]) -> VllmSettings:
         """TRL sizes each colocated engine for its TP group's share of one generation round."""

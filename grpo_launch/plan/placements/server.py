@@ -8,11 +8,11 @@ the trainer writes its weights into the run directory and the server reloads the
 
 from __future__ import annotations
 
-from grpo_launch.contracts.plan import Engine, ProcessSpec, VllmSettings
+from grpo_launch.contracts.plan import Engine, Plan, ProcessSpec, VllmSettings
 from grpo_launch.errors import UserError
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import dedicated_layout
-from grpo_launch.plan.placements.base import Placement
+from grpo_launch.plan.placements.base import Placement, trl_weight_sync
 from grpo_launch.plan.processes import base_env, require_servers, serve_batch_limits, vllm_env, vllm_serve_argv
 from grpo_launch.plan.step_time import StepModel, StepSplit, one_after_another
 
@@ -34,7 +34,7 @@ class Server(Placement):
                             f"models", key="vllm.data_parallel_size",
                             hint="use vllm.tensor_parallel_size for a bigger server, or placement=async-lora for "
                                  "several replicas")
-        layout = dedicated_layout(config, engines=1, gpus_per_engine=v.tensor_parallel_size)
+        layout = dedicated_layout(config, engines=1, gpus_per_engine=v.tensor_parallel_size, apart=ctx.engines_apart)
         node, gpus = layout.engine_gpus[0]
         port = ctx.ports.next_free(node, v.port, "the vLLM server", "vllm.port")
         url = f"http://{ctx.host(node)}:{port}"
@@ -72,3 +72,5 @@ class Server(Placement):
         return one_after_another(model.batch_generation(), sync, (training.seconds, training.detail),
                                  why=f"the {plan.world_size} trainer GPUs wait while the server's {len(server.gpus)} "
                                      f"generate, and the server waits while they train")
+    def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
+        return trl_weight_sync(plan, "NCCL to the server")
