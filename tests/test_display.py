@@ -26,6 +26,11 @@ LINES = {
         "[grpo-launch] rank 0 of 2 (DistributedType.MULTI_CPU, cpu:0)",
     "Traceback (most recent call last):": "Traceback (most recent call last):",
     "ValueError: 100% of the {'a': 1} budget": "ValueError: 100% of the {'a': 1} budget",
+    # evaluation's progress bar, nested in training's: tqdm moves the cursor up before the eval record
+    "\r  0%|          | 0/4 [00:00<?, ?it/s]\x1b[A": None,
+    "\r 75%|███████▌  | 3/4 [00:00<00:00, 21.97it/s]\x1b[A\r                    \r": None,
+    "\r                    \r\x1b[A{'eval_loss': '-0.008699', 'eval_reward': '0.9355'}": None,
+    "": "",
 }
 
 

@@ -189,8 +189,10 @@ def test_json_contract_has_a_scheduler_section():
     for kind, job_file in (("local", None), ("slurm", "job.sbatch"), ("skypilot", "task.yaml")):
         plan = plan_json(*TWO_CPU_NODES, f"scheduler={kind}")
         section = plan["scheduler"]
-        assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups"}
+        assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups", "fetch"}
         assert (section["kind"], section["job_file"]) == (kind, job_file)
+        # where `grpo report --fetch` gets the metrics: only SkyPilot's nodes keep them away from the run directory
+        assert bool(section["fetch"]) == (kind == "skypilot")
         assert job_file is None or job_file in plan["files"]
         for group in section["groups"]:
             assert set(group) == {"name", "nodes", "processes", "command", "ends"}

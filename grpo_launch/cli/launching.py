@@ -1,5 +1,5 @@
 """Starting a planned run, for `grpo run` and `grpo rehearse`: write its run directory, then supervise its nodes on
-this machine, or submit it to a scheduler and follow the job; the metrics and the reward curve at the end."""
+this machine, or submit it to a scheduler and follow the job; the report and its pictures at the end."""
 
 from __future__ import annotations
 
@@ -53,20 +53,33 @@ def launch_local(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir
                       f"same run.dir) within run.rendezvous_timeout_s[/]")
     # the node of trainer rank 0 (which logs the metrics) draws the curve; others sharing run.dir leave it be
     logs_metrics = any(0 in p.ranks for p in the_plan.processes if p.node in nodes)
-    plotter = curves.CurvePlotter(run_dir, f"{composed.recipe} ({run_dir.name})") if logs_metrics else None
+    title = f"{composed.recipe} ({run_dir.name})"
+    plotter = curves.CurvePlotter(run_dir, title, also=lambda: _report_plots(run_dir, title)) if logs_metrics \
+        else None
     result = run_nodes(prepared, run_dir, nodes, grace_s=grace_s, console=console, verbose=verbose)
-    _finish(run_dir, result.code, console, plotter.finish() if plotter else None, draw=logs_metrics)
+    if plotter is not None:
+        plotter.finish()
+    _finish(run_dir, result.code, console, [plotter.curve, *plotter.drawn] if plotter else [], draw=logs_metrics)
     return run_dir, result
 
 
-def _finish(run_dir: Path, code: int, console: Console, curve: Path | None, *, draw: bool = True) -> None:
+def _report_plots(run_dir: Path, title: str) -> list[Path]:
+    from grpo_launch.report import plots, run
+
+    return plots.draw_report(run.read_run(run_dir, fetch_hint=False), title)
+
+
+def _finish(run_dir: Path, code: int, console: Console, pictures: list[Path | None], *, draw: bool = True) -> None:
+    """The report's table and bottleneck (what `grpo report` shows), the pictures drawn, the run directory."""
     from grpo_launch.launch import curves
 
-    records = curves.read_metrics(run_dir) if draw else []
-    if records:
-        console.print(f"[bold]metrics[/] {curves.summary(records)}")
-        if curve is not None:
-            console.print(f"[bold]reward curve[/] {curve}")
+    if draw and curves.read_metrics(run_dir):
+        from grpo_launch.cli.report import show_report
+
+        show_report(run_dir, console, plots=False, title=f"[bold]report[/] ({run_dir.name})")
+        for picture in pictures:
+            if picture is not None:
+                console.print(f"[bold]plot[/] {picture}")
     console.print(f"[bold]{'done' if code == 0 else 'failed'}[/] run directory: {run_dir}")
 
 
@@ -103,6 +116,7 @@ def submit(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path
     else:
         code = skypilot.launch(the_plan, run_dir, console)
     records = curves.read_metrics(run_dir)
-    curve = curves.plot(run_dir, records, f"{composed.recipe} ({run_dir.name})") if records else None
-    _finish(run_dir, code, console, curve)
+    title = f"{composed.recipe} ({run_dir.name})"
+    pictures = [curves.plot(run_dir, records, title), *_report_plots(run_dir, title)] if records else []
+    _finish(run_dir, code, console, pictures)
     return code

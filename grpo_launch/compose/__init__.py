@@ -299,7 +299,8 @@ def anchored(composed: Composed, cwd: Path) -> Composed:
     if data.source != "files":
         return composed
     path = str(cwd / Path(data.path).expanduser())  # an absolute path stays as it is
-    if path == data.path:
+    held_out = data.eval and str(cwd / Path(data.eval).expanduser())
+    if (path, held_out) == (data.path, data.eval):
         return composed
-    config = dataclasses.replace(composed.config, data=dataclasses.replace(data, path=path))
+    config = dataclasses.replace(composed.config, data=dataclasses.replace(data, path=path, eval=held_out))
     return dataclasses.replace(composed, config=config)

@@ -169,6 +169,9 @@ class SchedulerPlan:
     node_rank: str                             # how each node learns its index, in words
     addresses: str                             # how the nodes' addresses reach the processes, in words
     groups: tuple[NodeGroup, ...]
+    # The command, run in the run directory, that brings the nodes' metrics.jsonl and logs into it (`grpo report
+    # --fetch`); empty where they are written there already (this machine, or the shared storage of a Slurm job).
+    fetch: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

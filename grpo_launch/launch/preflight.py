@@ -37,9 +37,12 @@ def check_data_files(plan: Plan) -> None:
     """A files dataset must match a file here. (A relative path names one the run directory holds: the paths
     given on the command line were anchored where grpo runs.)"""
     data = plan.trainer_inputs.data
-    if data.source == "files" and data.path.startswith("/") and not glob.glob(data.path):
-        raise UserError(f"data.path {data.path} matches no file", key="data.path",
-                        hint="give a path relative to where you run grpo, or an absolute one")
+    if data.source != "files":
+        return
+    for key, path in (("data.path", data.path), ("data.eval", data.eval)):
+        if path and path.startswith("/") and not glob.glob(path):
+            raise UserError(f"{key} {path} matches no file", key=key,
+                            hint="give a path relative to where you run grpo, or an absolute one")
 
 
 def check_ports_free(plan: Plan, node: int) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from rich.console import Console
 
+from grpo_launch.contracts.measures import unit
 from grpo_launch.contracts.plan import Plan, ProcessSpec
 from grpo_launch.contracts.rundir import LOGS_DIR, METRICS_FILE, PREPARE_LOCK, TRAINER_FAILURE
 from grpo_launch.launch import prepared
@@ -408,7 +409,8 @@ class Supervisor:
         if self.presses:  # stopped while preparing
             return False
         if any(c.spec.role == "trainer" for c in self.children):
-            self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_args.get("max_steps", -1))
+            self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_args.get("max_steps", -1),
+                                  per=(self.plan.world_size, unit(self.plan.accelerator)))
         await self._advance()
         while not (self.failures or self._trainers_done()):
             event = await self.events.get()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from grpo_launch.compose.schema import Config
-from grpo_launch.contracts.builtins import BUILTIN_MODEL_PREFIX, MODELS, REWARDS, TASKS
+from grpo_launch.contracts.builtins import BUILTIN_MODEL_PREFIX, HELD_OUT, MODELS, REWARDS, TASKS
 from grpo_launch.errors import UserError, did_you_mean
 from grpo_launch.memory.catalog import resolve
 
@@ -37,6 +37,20 @@ def check_data(config: Config) -> None:
     if d.source == "files" and not d.path.endswith(DATA_SUFFIXES):
         raise UserError(f"data.path '{d.path}' is not a {'/'.join(DATA_SUFFIXES)} file or glob", key="data.path",
                         hint="use data.source=hub for a dataset on the hub")
+    if d.eval is None:
+        if d.eval_samples is not None:
+            raise UserError("data.eval_samples is set but data.eval is not", key="data.eval_samples",
+                            hint="set data.eval (a split, a file, or held-out for a built-in task), or drop it")
+        if config.trainer.get("eval_strategy", "no") != "no":
+            raise UserError(f"trainer.eval_strategy={config.trainer['eval_strategy']} evaluates, but data.eval names "
+                            f"no held-out prompts", key="trainer.eval_strategy",
+                            hint="set data.eval (a split, a file, or held-out for a built-in task)")
+    elif d.source == "builtin" and d.eval != HELD_OUT:
+        raise UserError(f"data.eval={d.eval!r}: a built-in task's held-out rows are '{HELD_OUT}'", key="data.eval",
+                        hint=f"data.eval={HELD_OUT}")
+    elif d.source == "files" and not d.eval.endswith(DATA_SUFFIXES):
+        raise UserError(f"data.eval '{d.eval}' is not a {'/'.join(DATA_SUFFIXES)} file or glob", key="data.eval",
+                        hint="held-out prompts of a files dataset are a file of the same format")
 
 
 def reward_target(fn: str, key: str) -> str:

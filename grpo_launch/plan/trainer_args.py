@@ -52,6 +52,12 @@ def build_trainer_args(config: Config, placement: Placement, placement_args: dic
     args: dict[str, Any] = {"output_dir": "checkpoints"}
     if config.cluster.accelerator == "cpu":
         args.update(use_cpu=True, bf16=False)  # TRL defaults to bf16; CPU runs use float32
+    if config.data.eval is not None:
+        if placement.no_evaluation:
+            raise UserError(f"data.eval is set, and placement {placement.name} cannot evaluate: "
+                            f"{placement.no_evaluation}", key="data.eval",
+                            hint="drop data.eval, or evaluate the saved adapter apart from the run")
+        args["eval_strategy"] = "steps"  # every eval_steps (TRL: logging_steps unless set); the trainer adds the end
     args.update(config.trainer)
     args.update(placement.model_args(config))
     args.update(placement_args)

@@ -17,6 +17,8 @@ from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, SchedulerPlan
 from grpo_launch.contracts.rundir import SKYPILOT_TASK_FILE
 from grpo_launch.plan.schedulers.base import NODE_SUPERVISOR, Scheduler
 
+SKY_WORKDIR = "~/sky_workdir"  # where SkyPilot puts the task's workdir on every node
+
 RUN = """set -u
 # Node K's address is line K of SKYPILOT_NODE_IPS (node 0 first); this node's index is SKYPILOT_NODE_RANK.
 k=0
@@ -36,6 +38,14 @@ exec {supervisor} --node "$SKYPILOT_NODE_RANK"
 
 def cluster_name(config: Config, recipe: str) -> str:
     return config.scheduler.skypilot.cluster_name or f"grpo-{recipe}".replace(".", "-")
+
+
+def fetch_command(cluster: str) -> tuple[str, ...]:
+    """metrics.jsonl and the logs from node 0's copy of the run directory (the task's workdir, ~/sky_workdir), over
+    the SSH host SkyPilot names after the cluster (`sky status` writes its ssh config); checkpoints stay there.
+    Trainer rank 0, which writes the metrics, runs on node 0; the other nodes' logs stay on them."""
+    return ("rsync", "-a", "--include=metrics.jsonl", "--include=logs/***", "--exclude=*",
+            f"{cluster}:{SKY_WORKDIR}/", "./")
 
 
 class SkyPilot(Scheduler):
@@ -69,5 +79,6 @@ class SkyPilot(Scheduler):
             kind=self.name, job_file=self.job_file,
             submit=("sky", "launch", "--yes", "--cluster", cluster_name(config, recipe), self.job_file),
             node_rank="SKYPILOT_NODE_RANK", addresses="GRPO_HOST_K: line K of SKYPILOT_NODE_IPS, exported by the "
-                                                      "task's run script", groups=groups)
+                                                      "task's run script", groups=groups,
+            fetch=fetch_command(cluster_name(config, recipe)))
         return plan, {self.job_file: task}

@@ -1,0 +1,87 @@
+"""`grpo report RUN_DIR`: what a run measured, in the seeds' terms, with its bottleneck and its pictures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from grpo_launch.cli.app import app
+
+EXAMPLES = """
+[bold]Examples[/]
+
+  grpo report runs/tiny-cpu/20261201-185303       the table, the bottleneck, phase_timeline.png
+  grpo report runs/tiny-cpu-server/20261201-190000 --json | jq .phase_share
+  grpo report runs/qwen7b-server/20261201-190000 --fetch   a SkyPilot run: bring its metrics here first
+"""
+
+
+def fetch_logs(run_dir: Path) -> None:
+    """Run the command the plan's scheduler gives for bringing the nodes' metrics and logs into the run directory."""
+    import shutil
+    import subprocess
+
+    from grpo_launch.contracts.plan import load_plan
+    from grpo_launch.errors import UserError
+
+    scheduler = load_plan(run_dir).scheduler
+    if scheduler is None or not scheduler.fetch:
+        return  # written here already (this machine, or a Slurm job's shared storage)
+    if shutil.which(scheduler.fetch[0]) is None:
+        raise UserError(f"--fetch runs `{' '.join(scheduler.fetch)}`, and {scheduler.fetch[0]} is not installed here",
+                        key="--fetch", hint=f"install {scheduler.fetch[0]}, or copy metrics.jsonl and logs/ into "
+                                            f"{run_dir} yourself")
+    done = subprocess.run(scheduler.fetch, cwd=run_dir)
+    if done.returncode:
+        raise UserError(f"`{' '.join(scheduler.fetch)}` failed (exit {done.returncode})", key="--fetch",
+                        hint=f"is the {scheduler.kind} cluster up, and known to ssh (`sky status` writes its "
+                             f"config)?")
+
+
+def show_report(run_dir: Path, console, *, plots: bool = True, title: str | None = None) -> None:
+    """The report's table, diagnosis and plots for a run directory (read as it is now)."""
+    from grpo_launch.cli.report_view import findings_text, table
+    from grpo_launch.report import diagnosis, run, summary
+    from grpo_launch.report import plots as drawing
+
+    data = run.read_run(run_dir)
+    report = summary.summarize(data)
+    console.print(table({"measured": summary.rows(report)},
+                        title=title or f"{data.name} · placement={data.plan.placement} · seed {data.seed}"))
+    findings = diagnosis.diagnose(report)
+    if findings:
+        console.print("[bold]bottleneck[/]")
+        console.print(findings_text(findings), end="")
+    if plots:
+        for path in drawing.draw_report(data, data.name):
+            console.print(f"[bold]plot[/] {path}")
+
+
+@app.command(epilog=EXAMPLES)
+def report(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A run directory (finished, failed or running)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (for scripts); draws nothing."),
+    fetch: bool = typer.Option(False, "--fetch", help="First bring the nodes' metrics and logs into RUN_DIR, with "
+                               "the command the run's scheduler gives (SkyPilot: rsync from node 0)."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Draw phase_timeline.png (and eval_curve.png) "
+                               "into RUN_DIR."),
+) -> None:
+    """Report a run in the seeds' terms: wall and step time, throughput per training GPU and per GPU held, the
+    phase split, MFU, samples trained, staleness, rewards and eval scores; the bottleneck and the knob that moves
+    it; a phase timeline. A running run is reported as far as it got."""
+    from rich.console import Console
+
+    if fetch:
+        fetch_logs(run_dir)
+    if as_json:
+        from grpo_launch.report import diagnosis, run, summary
+
+        data = summary.summarize(run.read_run(run_dir))
+        out = data.to_json()
+        out["diagnosis"] = [{"kind": f.kind, "text": f.text, "knob": f.knob, "value": f.value}
+                            for f in diagnosis.diagnose(data)]
+        typer.echo(json.dumps(out, indent=1, default=str))
+        return
+    show_report(run_dir, Console(highlight=False), plots=plots)
