@@ -62,6 +62,13 @@ BAD_PLAN_INPUTS = [
     (["recipe=tiny-cpu-colocate", "vllm.sleep_level=2"], "vLLM has no sleep mode on a CPU"),
     (["recipe=tiny-cpu-async-lora", "vllm.block_size=16"], "takes KV-cache blocks of a multiple of 32 tokens"),
     (["recipe=tiny-cpu-async-lora", "cluster.gpus_per_node=4"], "async-lora on a CPU trains in 1 process"),
+    # evaluation (data.eval)
+    (["recipe=tiny-cpu-async-lora", "data.eval=held-out"], "placement async-lora cannot evaluate"),
+    (["data.eval=test"], "a built-in task's held-out rows are 'held-out'"),
+    (["data.eval=null"], "data.eval_samples is set but data.eval is not"),
+    (["data.eval=null", "data.eval_samples=null", "trainer.eval_strategy=steps"],
+     "evaluates, but data.eval names no held-out prompts"),
+    (["data.source=files", "data.path=train.jsonl", "data.eval=test.txt"], "data.eval 'test.txt' is not a"),
     (["zero.offload_param=true"], "zero.offload_param needs ZeRO stage 3"),
     (["zero.offload_optimizer=true"], "zero.offload_optimizer needs DeepSpeed"),
     (["cluster.hosts=[a,b]"], "lists 2 address(es) for 1 node(s)"),

@@ -46,13 +46,12 @@ def compare(
         typer.echo(json.dumps(comparison.to_json(), indent=1, default=str))
         return
     console = Console(highlight=False)
-    headers = [f"{r.run.name} (seed {r.run.seed})" for r in reports]
-    if len(set(headers)) < len(headers):
-        headers = [f"{i}: {h}" for i, h in enumerate(headers)]
+    headers = [f"{i}: {r.run.plan.recipe}\n{r.run.path.name}\nseed {r.run.seed}" for i, r in enumerate(reports)]
     console.print(table({h: summary.rows(r) for h, r in zip(headers, reports, strict=True)}))
     first = reports[0].run.name
     for report, found in zip(reports[1:], comparison.ratios, strict=True):
-        console.print(f"\n[bold]{report.run.name}[/] against [bold]{first}[/] (above 1: faster, for the times: slower)")
+        console.print(f"\n[bold]{report.run.name}[/] against [bold]{first}[/] (throughput above 1: faster; times "
+                      f"above 1: slower)")
         for ratio in found:
             value = "-" if ratio.value is None else f"{ratio.value:.3f}x"
             console.print(f"  {ratio.label:55} {value:>9}  {ratio.how}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 from grpo_launch.contracts import measures as m
@@ -26,7 +25,8 @@ from grpo_launch.report.summary import Report
 LEVEL = 0.05            # the test's level: the usual 5%, two-sided
 STATISTIC = "Welch's t-test on the last quarter's per-step mean rewards (two-sided, 5%)"
 TASK_FIELDS = ("source", "path", "config", "split", "prompt_column", "answer_column", "system_prompt")
-LAYOUT_FREE = ("seed=", "run.")   # overrides that do not change a layout: runs differing only in them are repeats
+# overrides that do not change a layout (runs differing only in them are repeats), and the recipe, named already
+LAYOUT_FREE = ("seed=", "run.", "recipe=")
 
 
 def task_of(report: Report) -> dict[str, Any]:
@@ -83,15 +83,14 @@ def _over(a: float | None, b: float | None) -> float | None:
 def ratios(first: Report, other: Report) -> list[Ratio]:
     """`other` against `first`, in the seeds' terms (above 1: `other` is faster, except for times)."""
     u0, u1 = first.units, other.units
-    per_training = Fraction(u0.training, u1.training)
-    per_held = Fraction(u0.held, u1.held)
     out = [
         Ratio(f"throughput per training {u0.name} (completions/s)",
               _over(other.completion_rate(u1.training), first.completion_rate(u0.training)),
-              f"whole-run ratio x {per_training} ({u0.training} vs {u1.training} training {u0.plural})"),
+              f"the whole layouts' ratio x {u0.training}/{u1.training} ({u1.training} vs {u0.training} training "
+              f"{u0.plural})"),
         Ratio(f"throughput per {u0.name} held (completions/s)",
               _over(other.completion_rate(u1.held), first.completion_rate(u0.held)),
-              f"whole-run ratio x {per_held} ({u0.held} vs {u1.held} {u0.plural} held)"),
+              f"the whole layouts' ratio x {u0.held}/{u1.held} ({u1.held} vs {u0.held} {u0.plural} held)"),
         Ratio("throughput of the whole layout (completions/s)",
               _over(other.completion_rate(1), first.completion_rate(1))),
         Ratio("median step time", _over(other.median_step_s, first.median_step_s)),

@@ -17,11 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_launch.compose import trl_fields
 from grpo_launch.report.summary import Report
-
-# TRL's defaults for the knobs named below, as a user reads them when the recipe leaves one unset.
-TRL_DEFAULTS = {"max_inflight_tasks": "automatic (TRL's default)", "gradient_checkpointing": False,
-                "per_device_train_batch_size": 8, "token_budget": None, "weight_sync_steps": 1, "beta": 0.0}
 
 
 @dataclass(frozen=True)
@@ -37,7 +34,9 @@ class Finding:
 
 
 def _arg(report: Report, name: str) -> Any:
-    return report.run.plan.trainer_args.get(name, TRL_DEFAULTS.get(name))
+    """The value the run's TRL config had: the plan's, else the pinned TRL's default."""
+    plan = report.run.plan
+    return trl_fields.effective(plan.trainer_args, plan.trainer_class, name)
 
 
 def _percent(share: float) -> str:
@@ -69,6 +68,7 @@ def diagnose(report: Report) -> list[Finding]:
         waited, worked = share["wait"], share["train"] + share["sync"] + share["score"]
         if waited > worked:
             inflight = _arg(report, "max_inflight_tasks")
+            inflight = "automatic (TRL's default)" if inflight == -1 else inflight
             return [Finding("async starved", f"the trainer waited for rollouts {_percent(waited)} of the step and "
                                              f"worked {_percent(worked)}: generation is the bottleneck; more "
                                              f"requests in flight keep the replicas busy (the async post raised "

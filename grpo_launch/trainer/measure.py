@@ -116,7 +116,8 @@ def step_record(step: int, shares: list[dict[str, Any]]) -> dict[str, Any]:
     if staleness:
         record[m.STALENESS_MEAN] = round(sum(staleness) / len(staleness), 4)
         record[m.STALENESS_MAX] = max(staleness)
-    record[m.RANKS] = [{"rank": r, "phases": s["phases"], "segments": s["segments"]} for r, s in enumerate(shares)]
+    record[m.RANKS] = [{"rank": r, "start": s["start"], "end": s["end"], "phases": s["phases"],
+                        "segments": s["segments"]} for r, s in enumerate(shares)]
     return record
 
 
