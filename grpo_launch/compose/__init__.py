@@ -299,7 +299,8 @@ def anchored(composed: Composed, cwd: Path) -> Composed:
     if data.source != "files":
         return composed
     path = str(cwd / Path(data.path).expanduser())  # an absolute path stays as it is
-    held_out = data.eval and str(cwd / Path(data.eval).expanduser())
+    # data.eval is a file too (a plan check says so otherwise, naming it as given)
+    held_out = str(cwd / Path(data.eval).expanduser()) if data.eval and Path(data.eval).suffix else data.eval
     if (path, held_out) == (data.path, data.eval):
         return composed
     config = dataclasses.replace(composed.config, data=dataclasses.replace(data, path=path, eval=held_out))

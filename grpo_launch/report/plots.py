@@ -24,6 +24,8 @@ from grpo_launch.report.summary import steady
 COLORS = {"generate": "#4c78a8", "score": "#72b7b2", "sync": "#b279a2", "train": "#f58518", "wait": "#e45756",
           "eval": "#54a24b", "save": "#9d755d", "other": "#bab0ac"}
 UNSEEN = "#eeeeee"
+UNSEEN_NOTE = ("replicas: sync = paused while the trainer publishes an adapter version; hatched = generating or idle, "
+               "which the trainer does not see")
 # A step needs about a centimetre to show its phases: a longer run shows its last steps (its steady state).
 TIMELINE_STEPS = 24
 
@@ -50,8 +52,7 @@ def _engine_rows(engine: Engine, by_rank: dict[int, list[list]], overlapped: boo
         return label, [(p, _merged(source, (p,))) for p in ("generate", "sync")]
     source = by_rank.get(0, [])
     if overlapped:
-        return f"{engine.process} (paused to load adapters; generating otherwise: not seen by the trainer)", \
-            [("sync", _merged(source, ("sync",)))]
+        return f"{engine.process} (replica)", [("sync", _merged(source, ("sync",)))]
     return f"{engine.process} (server)", [(p, _merged(source, (p,))) for p in ("generate", "sync")]
 
 
@@ -92,7 +93,9 @@ def draw_timeline(run: RunData, title: str) -> Path | None:
                fontsize=8, frameon=False)
     fig.suptitle(f"{title}: steps {records[0]['step']}-{records[-1]['step']} (blank: idle)", fontsize=10,
                  y=1 - 0.08 / height)
-    fig.subplots_adjust(left=0.3, right=0.98, top=1 - 0.62 / height, bottom=0.55 / height)
+    if any(unseen for _, _, unseen in rows):
+        fig.text(0.01, 0.1 / height, UNSEEN_NOTE, fontsize=7, color="#555555")
+    fig.subplots_adjust(left=0.2, right=0.98, top=1 - 0.62 / height, bottom=0.7 / height)
     out = run.path / TIMELINE_FILE
     fig.savefig(out, dpi=110)
     plt.close(fig)
