@@ -245,7 +245,8 @@ def test_runs_of_other_seeds_and_placements_compare_and_seeds_pool_by_layout(tmp
     assert out.read_bytes()[:4] == b"\x89PNG"
     assert main(["compare", *map(str, runs), "--json"]) == 0
     (parity,) = json.loads(capsys.readouterr().out)["parity"]
-    assert parity["n"] == [4, 2] and parity["statistic"] == compare.STATISTIC
+    # one run of the plain layout: the draws are last-quarter steps (2 of its 8), pooled for colocate's 2 seeds
+    assert (parity["unit"], parity["n"]) == ("step", [4, 2]) and parity["statistic"] == compare.STATISTIC
 
 
 # -- parity --------------------------------------------------------------------------------------------------------
@@ -266,6 +267,18 @@ def test_welchs_t_against_a_hand_computation():
     same = compare.parity([_rewards(a)], [_rewards([x + 0.001 for x in a])], ("a", "a+"))
     assert same.verdict == "parity (no difference found)" and abs(same.difference) < same.half_width
     assert compare.parity([_rewards([0.5])], [_rewards([0.6])], ("a", "b")).verdict.startswith("too few steps")
+
+
+def test_seeds_are_the_draws_when_both_layouts_repeat():
+    """Three seeds a side: each seed's last-quarter mean is one draw (its steps are not independent of each other),
+    so one seed that learned slower weighs as one seed, not as its every step."""
+    colocate = [_rewards([0.90, 0.91, 0.89]), _rewards([0.80, 0.81, 0.79]), _rewards([0.60, 0.61, 0.59])]
+    server = [_rewards([0.61, 0.60, 0.61]), _rewards([0.81, 0.80, 0.82]), _rewards([0.60, 0.59, 0.60])]
+    by_seed = compare.parity(colocate, server, ("colocate", "server"))
+    assert (by_seed.unit, by_seed.n) == ("run", (3, 3)) and by_seed.verdict == "parity (no difference found)"
+    assert by_seed.means == pytest.approx((0.767, 0.671), abs=1e-3) and by_seed.half_width > 0.2
+    by_step = compare.parity(colocate[:1], server[:1], ("colocate seed 1", "server seed 1"))
+    assert (by_step.unit, by_step.verdict) == ("step", "different")  # one seed each: its steps are the draws
 
 
 def _rewards(last_quarter):

@@ -26,10 +26,12 @@ def compare(
     out: Path = typer.Option(Path("compare.png"), "--out", metavar="PNG", help="Where to draw the overlaid reward "
                              "curves."),
 ) -> None:
-    """Compare runs of one task in the seeds' terms: the report's table with a column per run; throughput per
-    training GPU (the colocate post's normalisation, derived from the two plans), per GPU held, step time and wall
-    time for the same samples against the first run; the reward curves overlaid; and whether the rewards are at
-    parity (Welch's t-test on the last quarter's steps). Runs of another task or reward are refused."""
+    """Compare runs of one task side by side, in the seeds' terms, and test their rewards for parity.
+
+    The report's table with a column per run; against the first run: throughput per training GPU (the colocate
+    post's normalisation, derived from the two plans), per GPU held, step time and wall time for the same samples;
+    the reward curves overlaid; and whether the rewards are at parity (Welch's t-test on the last quarter's steps).
+    Runs of another task or reward are refused."""
     from rich.console import Console
 
     from grpo_launch.cli.report_view import table
@@ -54,13 +56,13 @@ def compare(
                       f"above 1: slower)")
         for ratio in found:
             value = "-" if ratio.value is None else f"{ratio.value:.3f}x"
-            console.print(f"  {ratio.label:55} {value:>9}  {ratio.how}")
-    console.print(f"\n[bold]reward parity[/] ({comparing.STATISTIC})")
+            console.print(f"  {ratio.label:55} {value:>9}  {ratio.how}", soft_wrap=True)
+    console.print(f"\n[bold]reward parity[/] ({comparing.STATISTIC})", soft_wrap=True)
     for name, members in comparison.groups:
         seeds = ", ".join(str(r.run.seed) for r in members)
-        console.print(f"  layout {name}: {len(members)} run(s), seed(s) {seeds}")
+        console.print(f"  layout {name}: {len(members)} run(s), seed(s) {seeds}", soft_wrap=True)
     for found in comparison.parity:
-        console.print(f"  {found}")
+        console.print(f"  {found}", soft_wrap=True)
     if not comparison.parity:
         console.print("  one layout only: nothing to test")
     console.print(f"[bold]plot[/] {plots.draw_overlay(comparison, out)}")

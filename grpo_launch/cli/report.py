@@ -68,9 +68,11 @@ def report(
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Draw phase_timeline.png (and eval_curve.png) "
                                "into RUN_DIR."),
 ) -> None:
-    """Report a run in the seeds' terms: wall and step time, throughput per training GPU and per GPU held, the
-    phase split, MFU, samples trained, staleness, rewards and eval scores; the bottleneck and the knob that moves
-    it; a phase timeline. A running run is reported as far as it got."""
+    """Report a run in the seeds' terms, with its bottleneck and a phase timeline.
+
+    Wall and step time, throughput per training GPU and per GPU held, the phase split, MFU, samples trained,
+    staleness, rewards and eval scores; the bottleneck and the knob that moves it; phase_timeline.png. A running run
+    is reported as far as it got."""
     from rich.console import Console
 
     if fetch:

@@ -4,12 +4,15 @@ Comparable: the same task (the data the prompts come from and how they are put) 
 placements, layouts, step counts and seeds may differ: that is what a comparison is for. Anything else is refused
 with the difference named.
 
-Parity is Welch's t-test on the mean reward of the steps in the last quarter of each run: the difference of the two
-means, against their standard error from the step-to-step spread of those rewards (two-sided, 5% level, with
-Welch-Satterthwaite degrees of freedom). Several runs of one layout (the same recipe and overrides but the seed)
-pool their last quarters. Steps are treated as independent draws, which a reward still rising is not: a run still
-learning at its end shows as a difference. "No difference found" is not proof of equality: the 95% interval of the
-difference says how large a difference the runs could have hidden.
+Parity is Welch's t-test on the last quarter's mean rewards (two-sided, 5% level, Welch-Satterthwaite degrees of
+freedom): the difference of the two layouts' means against its standard error, from the spread of the independent
+draws each layout has. Runs of one layout (the same recipe and overrides but the seed) are repeats:
+- with at least two runs on each side, each run's last-quarter mean is one draw, so the spread is between seeds (a
+  seed's whole trajectory is one draw: its steps are not independent of each other);
+- with one run on a side, each step of the last quarter is a draw, so the spread is the run's own step-to-step
+  spread. Steps are not independent (a reward still rising shows as a difference), which more seeds fix.
+"No difference found" is not proof of equality: the 95% interval of the difference says how large a difference the
+runs could have hidden.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from grpo_launch.errors import UserError
 from grpo_launch.report.summary import Report
 
 LEVEL = 0.05            # the test's level: the usual 5%, two-sided
-STATISTIC = "Welch's t-test on the last quarter's per-step mean rewards (two-sided, 5%)"
+STATISTIC = ("Welch's t-test on the last quarter's mean rewards, a draw per seed (per step with one run a side); "
+             "two-sided, 5%")
 TASK_FIELDS = ("source", "path", "config", "split", "prompt_column", "answer_column", "system_prompt")
 # overrides that do not change a layout (runs differing only in them are repeats), and the recipe, named already
 LAYOUT_FREE = ("seed=", "run.", "recipe=")
@@ -156,7 +160,8 @@ def _mean_var(values: list[float]) -> tuple[float, float]:
 class Parity:
     first: str
     other: str
-    n: tuple[int, int]                         # last-quarter steps of each side
+    unit: str                                  # what one draw is: "run" (a seed's last quarter) or "step"
+    n: tuple[int, int]                         # draws on each side
     means: tuple[float, float]
     difference: float | None                   # other - first
     half_width: float | None                   # of the 95% interval of the difference
@@ -175,12 +180,12 @@ class Parity:
     def __str__(self) -> str:
         if self.p is None:
             return f"{self.other} vs {self.first}: {self.verdict}"
-        return (f"{self.other} vs {self.first}: last-quarter mean reward {self.means[1]:.3f} vs {self.means[0]:.3f}, "
-                f"difference {self.difference:+.3f} (95% interval +/-{self.half_width:.3f}), t = {self.t:.2f}, "
-                f"df = {self.df:.1f}, p = {self.p:.2f}: {self.verdict}")
+        return (f"{self.other} vs {self.first}: last-quarter mean reward {self.means[1]:.3f} vs {self.means[0]:.3f} "
+                f"({self.n[1]} vs {self.n[0]} {self.unit}s), difference {self.difference:+.3f} (95% interval "
+                f"+/-{self.half_width:.3f}), t = {self.t:.2f}, df = {self.df:.1f}, p = {self.p:.2f}: {self.verdict}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"first": self.first, "other": self.other, "statistic": STATISTIC, "n": list(self.n),
+        return {"first": self.first, "other": self.other, "statistic": STATISTIC, "unit": self.unit, "n": list(self.n),
                 "means": list(self.means), "difference": self.difference, "half_width_95": self.half_width,
                 "t": self.t, "df": self.df, "p": self.p, "verdict": self.verdict}
 
@@ -190,11 +195,21 @@ def last_quarter(report: Report) -> list[float]:
     return rewards[-max(1, len(rewards) // 4):] if rewards else []
 
 
+def draws(first: list[Report], other: list[Report]) -> tuple[str, list[float], list[float]]:
+    """What parity tests: each run's last-quarter mean when both sides have repeats, else each last-quarter step."""
+    if len(first) >= 2 and len(other) >= 2:
+        def mean(r: Report) -> float:
+            return sum(last_quarter(r)) / len(last_quarter(r))
+
+        return "run", [mean(r) for r in first if r.rewards], [mean(r) for r in other if r.rewards]
+    return "step", [v for r in first for v in last_quarter(r)], [v for r in other for v in last_quarter(r)]
+
+
 def parity(first: list[Report], other: list[Report], labels: tuple[str, str]) -> Parity:
-    """Welch's t-test of the pooled last-quarter step rewards of `other` against those of `first`."""
-    a = [v for r in first for v in last_quarter(r)]
-    b = [v for r in other for v in last_quarter(r)]
+    """Welch's t-test of `other`'s last-quarter rewards against `first`'s (`draws` says which)."""
+    unit, a, b = draws(first, other)
     means = (sum(a) / len(a) if a else math.nan, sum(b) / len(b) if b else math.nan)
+    labels = (*labels, unit)
     if len(a) < 2 or len(b) < 2:
         return Parity(*labels, (len(a), len(b)), means, None, None, None, None, None)
     (ma, va), (mb, vb) = _mean_var(a), _mean_var(b)
