@@ -69,6 +69,7 @@ BAD_PLAN_INPUTS = [
     (["data.eval=null", "data.eval_samples=null", "trainer.eval_strategy=steps"],
      "evaluates, but data.eval names no held-out prompts"),
     (["data.source=files", "data.path=train.jsonl", "data.eval=test.txt"], "data.eval 'test.txt' is not a"),
+    (["recipe=qwen1.5b-colocate", "data.eval_samples=64"], "data.eval_samples is set but data.eval is not"),
     (["zero.offload_param=true"], "zero.offload_param needs ZeRO stage 3"),
     (["zero.offload_optimizer=true"], "zero.offload_optimizer needs DeepSpeed"),
     (["cluster.hosts=[a,b]"], "lists 2 address(es) for 1 node(s)"),

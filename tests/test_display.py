@@ -61,6 +61,28 @@ def test_the_training_view_reads_step_reward_trend_loss_kl_length_pace_and_eta(t
     assert not view.update()
 
 
+def test_the_training_view_shows_the_measured_split_and_throughput(tmp_path):
+    """From the trainer's measure records: the latest step's phases and the completions per second per training
+    process since the first step (which carries one-time costs)."""
+    from grpo_launch.trainer.measure import step_record
+
+    metrics = tmp_path / "metrics.jsonl"
+    view = TrainingView(metrics, total_steps=20, per=(2, "CPU process"))
+    with metrics.open("a") as f:
+        for step, (generate, train, wait) in enumerate([(5.0, 1.0, 0.0), (0.5, 0.3, 0.2), (0.6, 0.2, 0.0)], 1):
+            start = 100.0 + step
+            share = {"start": start, "end": start + generate + train + wait, "segments": [],
+                     "phases": {"generate": generate, "score": 0.0, "sync": 0.0, "train": train, "wait": wait,
+                                "eval": 0.0, "save": 0.0, "other": 0.0},
+                     "counts": {"completions": 16}, "staleness": []}
+            f.write(json.dumps(step_record(step, [share, share])) + "\n")
+            f.write(json.dumps({"step": step, "time": start, "reward": 0.5, "loss": 0.1}) + "\n")
+    assert view.update()
+    # steps 2 and 3: 2 x 2 x 16 completions in 1.0 + 0.8 s, per each of the 2 training processes
+    assert view.plain().endswith("step time 0.80 s · phases generate 75% train 25% · throughput 17.8 completions/s "
+                                 "per training CPU process · ETA 17 s")
+
+
 def _display(verbose=False, terminal=False):
     out = io.StringIO()
     console = Console(file=out, width=200, force_terminal=terminal, color_system=None)

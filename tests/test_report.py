@@ -301,6 +301,18 @@ def test_a_built_in_tasks_held_out_rows_are_never_trained_on():
     assert len(set(held_out[1]) & set(held_out[2])) >= 12  # the same held-out set for every seed, but for overlaps
 
 
+def test_held_out_rows_of_a_files_dataset_are_its_last_rows_which_training_skips(tmp_path):
+    from grpo_launch.contracts.inputs import Data
+    from grpo_launch.trainer.data import load_training_dataset
+
+    rows = tmp_path / "sums.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in range(40)))
+    data = Data(source="files", path=str(rows), eval="held-out", eval_samples=8)
+    trained = [r["prompt"] for r in load_training_dataset(data, 42)]
+    held_out = [r["prompt"] for r in load_training_dataset(data, 42, held_out=True)]
+    assert trained == [f"{i}+1=" for i in range(32)] and held_out == [f"{i}+1=" for i in range(32, 40)]
+
+
 def test_data_eval_turns_trls_evaluation_on():
     args = build_plan(compose(["recipe=tiny-cpu"])).trainer_args
     assert (args["eval_strategy"], args["eval_steps"], args["per_device_eval_batch_size"]) == ("steps", 5, 16)

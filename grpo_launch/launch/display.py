@@ -40,8 +40,8 @@ PLAIN_EVERY_S = 10.0
 TREND_STEPS = 5                   # the reward's trend: the mean of the last records against the ones before
 SPARK = "▁▂▃▄▅▆▇█"
 SHOWN_SHARE = 0.01                # the view's phase split leaves out phases under 1% of the step: noise at a glance
-# A tqdm progress bar at the start of a line's last segment: "Map: 100%|██████████| 512/512 [00:00<00:00, ...]".
 CURSOR_MOVE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # tqdm moves the cursor up and down between nested bars
+# A tqdm progress bar at the start of a line's last segment: "Map: 100%|██████████| 512/512 [00:00<00:00, ...]".
 PROGRESS_BAR = re.compile(r"^\s*(?:[^|\[]*: )?\s*\d+%\|[^|]*\|[^\[]*\[[^\]]*\]")
 
 

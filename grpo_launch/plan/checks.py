@@ -45,12 +45,15 @@ def check_data(config: Config) -> None:
             raise UserError(f"trainer.eval_strategy={config.trainer['eval_strategy']} evaluates, but data.eval names "
                             f"no held-out prompts", key="trainer.eval_strategy",
                             hint="set data.eval (a split, a file, or held-out for a built-in task)")
-    elif d.source == "builtin" and d.eval != HELD_OUT:
+    elif d.eval == HELD_OUT:
+        return
+    elif d.source == "builtin":
         raise UserError(f"data.eval={d.eval!r}: a built-in task's held-out rows are '{HELD_OUT}'", key="data.eval",
                         hint=f"data.eval={HELD_OUT}")
     elif d.source == "files" and not d.eval.endswith(DATA_SUFFIXES):
         raise UserError(f"data.eval '{d.eval}' is not a {'/'.join(DATA_SUFFIXES)} file or glob", key="data.eval",
-                        hint="held-out prompts of a files dataset are a file of the same format")
+                        hint=f"a file of the same format, or {HELD_OUT} (the data's last rows, which training then "
+                             f"skips)")
 
 
 def reward_target(fn: str, key: str) -> str:
