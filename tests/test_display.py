@@ -64,17 +64,17 @@ def test_the_training_view_reads_step_reward_trend_loss_kl_length_pace_and_eta(t
 def test_the_training_view_shows_the_measured_split_and_throughput(tmp_path):
     """From the trainer's measure records: the latest step's phases and the completions per second per training
     process since the first step (which carries one-time costs)."""
-    from grpo_launch.trainer.measure import step_record
+    from grpo_launch.trainer.measure import COUNTS, step_record
 
     metrics = tmp_path / "metrics.jsonl"
     view = TrainingView(metrics, total_steps=20, per=(2, "CPU process"))
     with metrics.open("a") as f:
         for step, (generate, train, wait) in enumerate([(5.0, 1.0, 0.0), (0.5, 0.3, 0.2), (0.6, 0.2, 0.0)], 1):
             start = 100.0 + step
-            share = {"start": start, "end": start + generate + train + wait, "segments": [],
+            share = {"start": start, "end": start + generate + train + wait,
                      "phases": {"generate": generate, "score": 0.0, "sync": 0.0, "train": train, "wait": wait,
                                 "eval": 0.0, "save": 0.0, "other": 0.0},
-                     "counts": {"completions": 16}, "staleness": []}
+                     "counts": {key: 16 if key == "completions" else 0 for key in COUNTS}, "staleness": [0, 0, 0]}
             f.write(json.dumps(step_record(step, [share, share])) + "\n")
             f.write(json.dumps({"step": step, "time": start, "reward": 0.5, "loss": 0.1}) + "\n")
     assert view.update()

@@ -26,7 +26,7 @@ def share(start, phases, *, completions=0, tokens=(0, 0), samples=0, flops=0.0, 
     return {"start": start, "end": t, "phases": {p: phases.get(p, 0.0) for p in m.PHASES}, "segments": segments,
             "counts": {m.COMPLETIONS: completions, m.PROMPT_TOKENS: tokens[0], m.COMPLETION_TOKENS: tokens[1],
                        m.SAMPLES_TRAINED: samples, m.TRAIN_FLOPS: flops},
-            "staleness": list(staleness)}
+            "staleness": [sum(staleness), max(staleness, default=0), len(staleness)]}
 
 
 def write_run(path, overrides, steps, *, rewards=None, partial=False):
@@ -36,9 +36,13 @@ def write_run(path, overrides, steps, *, rewards=None, partial=False):
     (path / "plan.json").write_text(json.dumps(plan.to_json()))
     (path / "overrides.yaml").write_text(json.dumps({"overrides": overrides, "recipes_dirs": []}))
     t = 1000.0
+    (path / "logs").mkdir()
     with (path / "metrics.jsonl").open("w") as f:
         for step, ranks in enumerate(steps, 1):
             shares = [share(t, **rank) for rank in ranks]
+            for r, one in enumerate(shares):  # each rank's timeline, in its own file
+                measure.append_record(path / "logs" / f"trainer-rank{r}.timeline.jsonl",
+                                      {"step": step, "segments": one.pop("segments")})
             record = measure.step_record(step, shares)
             t = record["time"]
             f.write(json.dumps(record) + "\n")
@@ -88,6 +92,9 @@ def test_a_step_record_is_rank_0s_time_the_ranks_mean_phases_and_their_summed_co
     shares = [share(0.0, {"generate": 2.0, "train": 1.0}, completions=8, tokens=(40, 60), samples=8, flops=1e9),
               share(0.0, {"generate": 1.0, "wait": 1.0, "train": 1.0}, completions=8, tokens=(40, 50), samples=8,
                     flops=1e9, staleness=(1, 3))]
+    for one in shares:  # what rank 0 gathers: the numbers, packed into a tensor's values and back
+        one.pop("segments")
+        assert measure._unpack(measure._pack(one)) == one
     record = measure.step_record(4, shares)
     assert record["step"] == 4 and record[m.STEP_S] == 3.0
     assert (record["phase/generate_s"], record["phase/wait_s"], record["phase/train_s"]) == (1.5, 0.5, 1.0)

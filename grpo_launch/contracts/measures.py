@@ -9,16 +9,18 @@ the one with `STEP_S` in it:
      "phase/wait_s": 0.01, "phase/eval_s": 0.0, "phase/save_s": 0.0, "phase/other_s": 0.02,
      "completions": 32, "tokens/prompt": 192, "tokens/completion": 251, "samples_trained": 32,
      "train_flops": 1.9e9, "staleness/mean": 1.2, "staleness/max": 2,
-     "ranks": [{"rank": 0, "start": 1767225600.002, "end": 1767225600.412, "phases": {"generate": 0.18, ...},
-                "segments": [["generate", 1767225600.0, 1767225600.18], ...]}, ...]}
+     "ranks": [{"rank": 0, "start": 1767225600.002, "end": 1767225600.412, "phases": {"generate": 0.18, ...}},
+               ...]}
 
 - `step_s`: the step's wall time on rank 0, from the end of the step before (the start of training, for the
   first) to the end of this one: what a user waits per step, logging and data loading included.
 - `phase/<name>_s`: seconds of the step spent in each phase, the mean over the trainer ranks. Exclusive: a moment
   counts for the innermost phase open then, so the phases add up to the step time (`PHASES` says what each is).
-- per rank, under `ranks`: its own step window (`start`, `end`: the ranks end a step a few milliseconds apart), the
-  same seconds (`phases`, adding up to its window) and what the rank did when (`segments`: [phase, start, end] in
-  Unix seconds, segments shorter than `SEGMENT_S` merged into the one before): the phase timeline.
+- per rank, under `ranks`: its own step window (`start`, `end`: the ranks end a step a few milliseconds apart) and
+  the same seconds (`phases`, adding up to its window).
+- what each rank did when, its phase timeline, is in a file of its own (`rundir.TIMELINE_SEGMENTS` under logs/):
+  a line a step, `{"step": 7, "segments": [["generate", 1767225600.0, 1767225600.18], ...]}` ([phase, start, end]
+  in Unix seconds, segments shorter than `SEGMENT_S` merged into the one before).
 - counts, over every rank: `completions` generated for training (and the prompt and completion `tokens/` of
   them), `samples_trained` (completions the optimizer stepped on: each iteration of a reused batch counts),
   `train_flops` (model FLOPs of the training forward and backward passes, TRL's `compute_flops_per_token`

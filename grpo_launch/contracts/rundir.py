@@ -19,3 +19,4 @@ NODE_FAILURES = "node-{node}.failure"  # under logs/: 'CODE TIME_NS REASON' of a
 PREPARE_LOCK = ".prepare.lock"    # nodes sharing a run directory take turns at the prepare steps
 WEIGHT_SYNC_DIR = "weight-sync"   # weights the trainer writes for vLLM to reload (CPU runs), rewritten every step
 TRAINER_FAILURE = "trainer-rank{rank}.failure.json"  # under logs/: a trainer rank's exception, phase and step
+TIMELINE_SEGMENTS = "trainer-rank{rank}.timeline.jsonl"  # under logs/: what a trainer rank did when, a line a step

@@ -58,12 +58,11 @@ def _engine_rows(engine: Engine, by_rank: dict[int, list[list]], overlapped: boo
 
 def draw_timeline(run: RunData, title: str) -> Path | None:
     records = steady(run.measures)[-TIMELINE_STEPS:]
-    if not records or not records[0].get(m.RANKS):
+    timelines = run.timelines()
+    if not records or not timelines:
         return None
-    by_rank: dict[int, list[list]] = {}
-    for record in records:
-        for rank in record[m.RANKS]:
-            by_rank.setdefault(rank["rank"], []).extend(rank["segments"])
+    steps = [r["step"] for r in records]
+    by_rank = {rank: [s for step in steps for s in by_step.get(step, [])] for rank, by_step in timelines.items()}
     t0 = records[0]["time"] - records[0][m.STEP_S]
     overlapped = any(m.STALENESS_MEAN in r for r in records)
     rows: list[tuple[str, list[tuple[str, list[tuple[float, float]]]], bool]] = []

@@ -9,7 +9,14 @@ from typing import Any
 
 from grpo_launch.contracts import measures as m
 from grpo_launch.contracts.plan import Plan, load_plan
-from grpo_launch.contracts.rundir import CONFIG_FILE, LOGS_DIR, METRICS_FILE, OVERRIDES_FILE, PLAN_FILE
+from grpo_launch.contracts.rundir import (
+    CONFIG_FILE,
+    LOGS_DIR,
+    METRICS_FILE,
+    OVERRIDES_FILE,
+    PLAN_FILE,
+    TIMELINE_SEGMENTS,
+)
 from grpo_launch.errors import UserError
 from grpo_launch.launch.curves import CLOSING_KEY
 
@@ -27,6 +34,14 @@ class RunData:
     closed: bool                               # the trainer logged its closing record
     failed: tuple[str, ...] = field(default=())  # failure records left in logs/
     started: float | None = None               # when the run directory was written (Unix time)
+
+    def timelines(self) -> dict[int, dict[int, list[list]]]:
+        """rank -> step -> what the rank did when ([phase, start, end]), from each rank's timeline file."""
+        out: dict[int, dict[int, list[list]]] = {}
+        for path in sorted((self.path / LOGS_DIR).glob(TIMELINE_SEGMENTS.format(rank="*"))):
+            rank = int(path.name.removeprefix("trainer-rank").partition(".")[0])
+            out[rank] = {r["step"]: r["segments"] for r in complete_records(path)}
+        return out
 
     @property
     def max_steps(self) -> int | None:

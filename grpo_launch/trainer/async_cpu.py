@@ -24,7 +24,7 @@ from typing import Any
 from grpo_launch.contracts import measures as m
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.contracts.vllm import ADAPTER_NAME, ADAPTER_SUBDIR, adapter_version_name
-from grpo_launch.trainer.measure import StepMeter, flops_per_token, step_record
+from grpo_launch.trainer.measure import StepMeter, flops_per_token, step_record, timeline_file
 from grpo_launch.trainer.progress import PROGRESS
 from grpo_launch.trainer.response_templates import ensure_response_template
 
@@ -123,6 +123,7 @@ def train_on_cpu(plan: Plan, dataset, reward_funcs, peft_config, metrics_path: P
     epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
     dropped = 0
     meter = StepMeter()
+    meter.timeline = timeline_file(0)
     clock = meter.clock
     try:
         for step in range(1, args.max_steps + 1):
@@ -147,7 +148,7 @@ def train_on_cpu(plan: Plan, dataset, reward_funcs, peft_config, metrics_path: P
             if step % args.weight_sync_steps == 0:
                 with clock.phase("sync"):
                     record.update(publisher.publish())
-            record = {**step_record(step, [meter.close()]), **record}
+            record = {**step_record(step, [meter.close(step)]), **record}
             with metrics_path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
             print(f"[grpo-launch] {json.dumps({k: v for k, v in record.items() if k != m.RANKS})}", flush=True)
