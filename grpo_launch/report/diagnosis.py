@@ -72,10 +72,9 @@ def diagnose(report: Report) -> list[Finding]:
             return [Finding("async starved", f"the trainer waited for rollouts {_percent(waited)} of the step and "
                                              f"worked {_percent(worked)}: generation is the bottleneck; more "
                                              f"requests in flight keep the replicas busy (the async post raised "
-                                             f"it to 384), more replicas add generation",
-                            "trainer.max_inflight_tasks", inflight),
-                    Finding("async starved", "replicas generating", "vllm.data_parallel_size",
-                            report.run.plan.vllm.data_parallel_size)]
+                                             f"it to 384)", "trainer.max_inflight_tasks", inflight),
+                    Finding("async starved", "once the replicas are busy, more replicas generate more",
+                            "vllm.data_parallel_size", report.run.plan.vllm.data_parallel_size)]
         return [Finding("trainer-bound", f"the trainer worked {_percent(worked)} of the step and waited for "
                                          f"rollouts {_percent(waited)}: generation keeps up, training is the "
                                          f"bottleneck")] + _trainer_knobs(report)
