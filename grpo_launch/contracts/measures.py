@@ -60,6 +60,8 @@ PHASES = {
 IDLE = "idle"
 SEGMENT_S = 0.001
 
+# AsyncGRPOTrainer's own MFU of the forward and backward passes (GPUs), read where a run has no `train_flops`.
+TRL_MFU = "perf/mfu_fwd_bwd"
 # Our key -> AsyncGRPOTrainer's own log key for the same quantity (its records carry them at every logging step).
 TRL_FALLBACKS = {
     SAMPLES_TRAINED: "batch/samples_per_step",

@@ -24,8 +24,6 @@ from grpo_launch.contracts.accelerators import accelerator
 from grpo_launch.launch.curves import quarters
 from grpo_launch.report.run import EVAL_REWARD, RunData
 
-TRL_MFU = "perf/mfu_fwd_bwd"  # AsyncGRPOTrainer's own MFU of the forward and backward passes (GPUs)
-
 
 @dataclass(frozen=True)
 class Units:
@@ -157,7 +155,7 @@ def summarize(run: RunData) -> Report:
         train_s = phase_s["train"]
         mfu = 100 * flops / (train_s * units.training * peak * 1e12) if train_s else None
         mfu_wall = 100 * flops / (steady_s * units.training * peak * 1e12) if steady_s else None
-    elif peak and (trl := [r[TRL_MFU] for r in run.training if r.get(TRL_MFU) is not None]):
+    elif peak and (trl := [r[m.TRL_MFU] for r in run.training if r.get(m.TRL_MFU) is not None]):
         mfu = statistics.median(trl)
     samples = int(_sum(measures, m.SAMPLES_TRAINED)) or int(sum(_fallback(run, m.SAMPLES_TRAINED)))
     staleness = [r[m.STALENESS_MEAN] for r in measures if m.STALENESS_MEAN in r] or _fallback(run, m.STALENESS_MEAN)
