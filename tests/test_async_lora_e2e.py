@@ -60,6 +60,14 @@ def test_adapter_versions_flow_through_the_proxy_to_both_replicas(tmp_path):
     adapters = sorted(p.name for p in (run_dir / "checkpoints" / ".vllm_lora").iterdir())
     assert "trl-policy-v1" not in adapters and published[-1] in adapters
     assert (run_dir / "checkpoints" / "final" / "adapter_config.json").exists()
+    # The report in the async post's terms: staleness, samples trained, and the trainer's wait for rollouts
+    report = json.loads(grpo("report", str(run_dir), "--json").stdout)
+    staleness = [r["staleness/mean"] for r in records if "staleness/mean" in r]
+    assert len(staleness) == 8 and report["staleness_mean"] == pytest.approx(sum(staleness) / 8)
+    assert report["staleness_max"] == max(r["staleness/max"] for r in records) <= 2  # trainer.max_staleness
+    assert report["samples_trained"] == 8 * 8 and report["units"] == {"training": 1, "in_use": 3, "held": 3}
+    assert report["phase_share"]["wait"] > 0 and report["phase_share"]["sync"] > 0
+    assert report["diagnosis"][0]["kind"] in ("async starved", "trainer-bound")
 
 
 def test_a_replica_killed_mid_run_is_restarted_and_taken_back(tmp_path):

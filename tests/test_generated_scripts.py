@@ -35,7 +35,7 @@ from grpo_launch.plan.launch_script import command_line
 # Free-text keys that no generated script may execute: each gets the hostile value (or a list/map holding it).
 HOSTILE_KEYS = {
     "model.name_or_path", "model.revision", "model.attn_implementation", "cluster.gpu_type", "data.path",
-    "data.config", "data.split", "data.prompt_column", "data.answer_column", "data.system_prompt", "description",
+    "data.config", "data.split", "data.eval", "data.prompt_column", "data.answer_column", "data.system_prompt", "description",
     "vllm.extra_args", "lora.target_modules", "run.root", "run.dir", "env.set", "scheduler.slurm.sbatch", "trainer",
     "rewards",
 }
@@ -91,7 +91,7 @@ def hostile_plan(canary: Path, marker: Path, *overrides: str) -> tuple[Plan, str
     config = composed.config
     values = {
         "model.name_or_path": h, "model.revision": h, "model.attn_implementation": h, "cluster.gpu_type": h,
-        "data.path": h + ".jsonl", "data.config": h, "data.split": h, "data.prompt_column": h, "data.answer_column": h,
+        "data.path": h + ".jsonl", "data.config": h, "data.split": h, "data.eval": h + ".jsonl", "data.prompt_column": h, "data.answer_column": h,
         "data.system_prompt": h + "\nand a second line", "description": h, "vllm.extra_args": [h, f"--x={h}"],
         "lora.target_modules": [h], "run.root": h, "run.dir": h, "env.set": {"GRPO_HOSTILE": h},
         "scheduler.slurm.sbatch": [f"--comment={h}"], "trainer": {**config.trainer, "output_dir": h, "run_name": h},
@@ -100,6 +100,7 @@ def hostile_plan(canary: Path, marker: Path, *overrides: str) -> tuple[Plan, str
     }
     if config.placement.kind == "async-lora":
         values.pop("model.attn_implementation")  # async-lora takes sdpa or null only (a choice)
+        values.pop("data.eval")  # TRL's async trainer cannot evaluate: refused for async-lora
     if config.scheduler.kind == "skypilot":
         values.pop("cluster.gpu_type")  # written as SkyPilot's accelerators: checked by that form
     data_source = dataclasses.replace(config.data, source="files")

@@ -15,6 +15,7 @@ from grpo_launch.cli import main
 from grpo_launch.compose import compose
 from grpo_launch.contracts import hosts
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.schedulers import declared
 from grpo_launch.contracts.shell import shell_word
 from grpo_launch.errors import UserError
 from grpo_launch.plan import build_plan
@@ -194,6 +195,8 @@ def test_json_contract_has_a_scheduler_section():
                                 "storage", "price_per_hour"}
         assert bool(section["jobs"]) == (kind == "hf-jobs")
         assert (section["kind"], section["job_file"]) == (kind, job_file)
+        # where `grpo report` says the metrics are: SkyPilot's node 0 and the Jobs' bucket keep them away from here
+        assert bool(declared(kind).logs_elsewhere) == (kind in ("skypilot", "hf-jobs"))
         assert job_file is None or job_file in plan["files"]
         for group in section["groups"]:
             assert set(group) == {"name", "nodes", "processes", "command", "ends"}

@@ -71,19 +71,31 @@ def start(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path 
         console.print(f"  cd {shell_word(str(run_dir))} && {shell_line(the_plan.scheduler.submit)}", markup=False)
         return run_dir, None
     keeps = launcher.keeps_metrics(the_plan, options)
-    plotter = curves.CurvePlotter(run_dir, f"{composed.recipe} ({run_dir.name})") if keeps else None
+    title = f"{composed.recipe} ({run_dir.name})"
+    plotter = curves.CurvePlotter(run_dir, title, also=lambda: _report_plots(run_dir, title)) if keeps else None
     result = launcher.run(started, run_dir, settings, console, options)
-    curve = plotter.finish() if plotter else None
-    _finish(run_dir, result.code, console, curve, curves.read_metrics(run_dir) if keeps else [])
+    if plotter is not None:
+        plotter.finish()
+    _finish(run_dir, result.code, console, [plotter.curve, *plotter.drawn] if plotter else [], draw=keeps)
     return run_dir, result
 
 
-def _finish(run_dir: Path, code: int, console: Console, curve: Path | None, records: list[dict]) -> None:
-    """The run's summary: its metrics, its reward curve, how it ended; paths as written (never markup)."""
+def _report_plots(run_dir: Path, title: str) -> list[Path]:
+    from grpo_launch.report import plots, run
+
+    return plots.draw_report(run.read_run(run_dir, fetch_hint=False), title)
+
+
+def _finish(run_dir: Path, code: int, console: Console, pictures: list[Path | None], *, draw: bool = True) -> None:
+    """The report's table and bottleneck (what `grpo report` shows), the pictures drawn, the run directory; paths as
+    written (never markup)."""
     from grpo_launch.launch import curves
 
-    if records:
-        console.print(f"[bold]metrics[/] {escape(curves.summary(records))}")
-        if curve is not None:
-            console.print(f"[bold]reward curve[/] {escape(str(curve))}")
+    if draw and curves.read_metrics(run_dir):
+        from grpo_launch.cli.report import show_report
+
+        show_report(run_dir, console, plots=False, title=f"[bold]report[/] ({escape(run_dir.name)})")
+        for picture in pictures:
+            if picture is not None:
+                console.print(f"[bold]plot[/] {escape(str(picture))}")
     console.print(f"[bold]{'done' if code == 0 else 'failed'}[/] run directory: {escape(str(run_dir))}")

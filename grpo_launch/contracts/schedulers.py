@@ -54,6 +54,9 @@ class SlurmSettings:
     poll_s: float = knob(1.0, "How often `grpo run` reads the job's state from scontrol.", gt=0)
 
 
+SKY_WORKDIR = "~/sky_workdir"  # where SkyPilot puts the task's workdir (the run directory) on every node
+
+
 @dataclass(kw_only=True)
 class SkyPilotSettings:
     cluster_name: str | None = knob(None, "`sky launch -c NAME`; null: grpo-<recipe>.", form=SKYPILOT_NAME)
@@ -110,6 +113,8 @@ class Declared:
     key: str | None = None          # its settings' section under scheduler.
     settings: type | None = None    # the section's dataclass
     doc: str = ""                   # the section's one-line doc
+    logs_elsewhere: str | None = None  # where a run's metrics and logs are written when not into its run directory
+                                       # here (its launcher's `logs` copies them here)
 
 
 DECLARED: tuple[Declared, ...] = (
@@ -117,9 +122,10 @@ DECLARED: tuple[Declared, ...] = (
                       "--node-rank K` on each"),
     Declared("slurm", "a batch job, job.sbatch", "slurm", SlurmSettings, "scheduler=slurm: the batch job's resources."),
     Declared("skypilot", "a SkyPilot task, task.yaml", "skypilot", SkyPilotSettings,
-             "scheduler=skypilot: the task's resources."),
+             "scheduler=skypilot: the task's resources.", logs_elsewhere="on node 0, in its copy of the run directory"),
     Declared("hf-jobs", "Hugging Face Jobs, one per machine, sharing a Storage Bucket; hf-jobs.sh", "hf_jobs",
-             HfJobsSettings, "scheduler=hf-jobs: the Jobs, their bucket and their flavors."),
+             HfJobsSettings, "scheduler=hf-jobs: the Jobs, their bucket and their flavors.",
+             logs_elsewhere="in the run's folder of the Storage Bucket (brought back here when the run ends)"),
 )
 
 

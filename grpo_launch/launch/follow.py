@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from grpo_launch.contracts.measures import unit
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.contracts.rundir import JOB_LOG, LOGS_DIR, METRICS_FILE, NODE_FAILURES
 from grpo_launch.launch.curves import LogTail
@@ -62,6 +63,7 @@ class JobFollower:
         self.tails = {name: LogTail(run_dir / LOGS_DIR / f"{name}.log") for name in names}
         self.display = ConsoleDisplay(console, names)
         self.max_steps = plan.trainer_args.get("max_steps", -1)
+        self.per = (plan.world_size, unit(plan.accelerator))
         self.presses = 0
 
     def _on_signal(self, signum, frame) -> None:
@@ -80,7 +82,7 @@ class JobFollower:
         last_state, next_poll = None, 0.0
         try:
             with self.display:
-                self.display.training(self.run_dir / METRICS_FILE, self.max_steps)
+                self.display.training(self.run_dir / METRICS_FILE, self.max_steps, per=self.per)
                 while True:
                     self._stream()
                     if time.monotonic() >= next_poll:

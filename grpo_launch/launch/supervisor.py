@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
+from grpo_launch.contracts.measures import unit
 from grpo_launch.contracts.plan import Plan, PrepareStep, ProcessSpec
 from grpo_launch.contracts.rundir import LOGS_DIR, METRICS_FILE, PREPARE_LOCK, TRAINER_FAILURE, WATCHDOG_LOG
 from grpo_launch.contracts.secrets import secret_names, secret_values
@@ -571,7 +572,8 @@ class Supervisor:
         if self.presses:  # stopped while preparing
             return False
         if any(c.spec.role == "trainer" for c in self.children):
-            self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_args.get("max_steps", -1))
+            self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_args.get("max_steps", -1),
+                                  per=(self.plan.world_size, unit(self.plan.accelerator)))
         await self._advance()
         while not (self.failures or self._trainers_done()):
             event = await self.events.get()

@@ -59,6 +59,12 @@ def build_trainer_args(config: Config, placement: Placement, placement_args: dic
         # the graph every step, and a warning from every rank. A causal LM's forward uses every trainable parameter
         # (a LoRA's adapters too); a model that leaves some unused sets trainer.ddp_find_unused_parameters=true.
         args["ddp_find_unused_parameters"] = False
+    if config.data.eval is not None:
+        if placement.no_evaluation:
+            raise UserError(f"data.eval is set, and placement {placement.name} cannot evaluate: "
+                            f"{placement.no_evaluation}", key="data.eval",
+                            hint="drop data.eval, or evaluate the saved adapter apart from the run")
+        args["eval_strategy"] = "steps"  # every eval_steps (TRL: logging_steps unless set); the trainer adds the end
     args.update(config.trainer)
     args.update(placement.model_args(config))
     args.update(placement_args)

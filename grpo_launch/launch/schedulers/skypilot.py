@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from grpo_launch.contracts.plan import Plan
-from grpo_launch.contracts.schedulers import SkyPilotSettings
+from grpo_launch.contracts.schedulers import SKY_WORKDIR, SkyPilotSettings
 from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.launch.result import RunResult
 from grpo_launch.launch.schedulers.base import Launcher, Options, RunLogs, record_submitted
@@ -50,5 +50,9 @@ class SkyPilot(Launcher):
 
     def logs(self, plan: Plan, run_dir: Path, settings: SkyPilotSettings) -> RunLogs:
         cluster = cluster_of(plan)
-        return RunLogs(f"{cluster}:~/sky_workdir/logs/ (node 0)",
-                       ("rsync", "-a", f"{cluster}:~/sky_workdir/", f"{run_dir}/"))
+        # metrics.jsonl and the logs from node 0's copy of the run directory, over the SSH host SkyPilot names after
+        # the cluster (`sky status` writes its ssh config); checkpoints stay there. Trainer rank 0, which writes the
+        # metrics, runs on node 0; the other nodes' logs stay on them.
+        return RunLogs(f"{cluster}:{SKY_WORKDIR}/logs/ (node 0)",
+                       ("rsync", "-a", "--include=metrics.jsonl", "--include=logs/***", "--exclude=*",
+                        f"{cluster}:{SKY_WORKDIR}/", f"{run_dir}/"))

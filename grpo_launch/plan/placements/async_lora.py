@@ -100,6 +100,8 @@ class AsyncLora(Placement):
     utilization_choices = (0.8, 0.9)  # the GPUs are the replicas' alone
     chat_prompts = True  # TRL's rollout worker renders every prompt through the chat template
     cpu_trainer_ranks = 1  # on a CPU the trainer is TRL's async pieces in one process (trainer.async_cpu)
+    no_evaluation = ("TRL 1.16's AsyncGRPOTrainer has no evaluation path: its batches come from the rollout queue, "
+                     "not from a dataset it could evaluate")
 
     def plan(self, ctx: Context) -> PlacementResult:
         config = ctx.config

@@ -31,6 +31,7 @@ class Placement(ABC):
     sleep_levels: ClassVar[tuple[int, ...]] = (0,)  # vllm.sleep_level values it can run with
     chat_prompts: ClassVar[bool] = False            # its trainer takes prompts as chat messages only
     cpu_trainer_ranks: ClassVar[int | None] = None  # how many trainer ranks its trainer takes on a CPU (None: any)
+    no_evaluation: ClassVar[str | None] = None      # why its trainer cannot evaluate data.eval (None: TRL's does)
 
     def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
         """What its plan does that only CUDA can, for a rehearsal on a CPU to list as could-not: (feature, what the
