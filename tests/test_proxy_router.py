@@ -117,3 +117,30 @@ def test_table_is_lru_bounded():
     assert r.choose(hashes(list(range(0, 8))), [0] * 4, ALL).kind == UNMATCHED  # oldest evicted
     r.clear()
     assert r.tracked_blocks == 0
+
+
+class _Unwalkable(dict):
+    """A routing table that fails any walk over all its blocks."""
+
+    def _walk(self, *args):
+        raise AssertionError("walked the whole table")
+
+    values = items = keys = __iter__ = _walk
+
+
+def test_forget_touches_no_block_and_ownership_returns_with_new_prompts():
+    r = router()
+    for i in range(40):
+        r.record(hashes(prompt(i)), i % 4)
+    table = r._table
+    r._table = _Unwalkable(table)  # a departure used to visit every block (50-350 ms at 500k blocks)
+    r.forget(1)
+    r._table = table
+    assert r.choose(hashes(prompt(1)), [0, 0, 0, 0], ALL).kind == UNMATCHED  # replica 1's prompts: forgotten
+    assert r.choose(hashes(prompt(2)), [0, 0, 0, 0], ALL).replica == 2      # the others' are kept
+    r.record(hashes(prompt(1)), 1)                                            # served there again after it returned
+    assert r.choose(hashes(prompt(1)), [0, 0, 0, 0], ALL).replica == 1
+    r.record(hashes(prompt(5)), 3)  # prompt 5 is on replicas 1 (forgotten) and 3
+    r.forget(3)
+    assert r.choose(hashes(prompt(5)), [0, 0, 0, 0], ALL).kind == UNMATCHED
+    assert r.choose(hashes(prompt(1)), [0, 0, 0, 0], ALL).replica == 1      # recorded after 1 left: still held
