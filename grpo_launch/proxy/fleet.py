@@ -120,6 +120,7 @@ class Fleet:
         try:
             async with self.lock:
                 await self._catch_up(replica)
+                self.router.rejoined(replica.index, self.available())
                 replica.healthy = True
             log.info("replica %s is in routing", replica.url)
             if self.on_readmit is not None:
