@@ -447,7 +447,7 @@ def row(r: Run) -> str:
             f"{r.makespan_s:8.1f}s {r.p50_s:7.2f}s {r.p99_s:7.2f}s {affinity}")
 
 
-def report(runs: dict[tuple[str, int, str], list[Run]]) -> None:
+def report(runs: dict[tuple[str, int, str], list[Run]], markdown: bool = False) -> None:
     results = {key: median(r) for key, r in runs.items()}
     workloads = [w for w in WORKLOADS if any(key[0] == w.name for key in runs)]
     replica_counts = sorted({key[1] for key in runs})
@@ -455,14 +455,24 @@ def report(runs: dict[tuple[str, int, str], list[Run]]) -> None:
     repeats = "/".join(str(n) for n in sorted({len(r) for r in runs.values()}))
     print(f"\nmedian of {repeats} run(s); prefilled = the engines' prefix-cache queries minus hits (prompt tokens); "
           f"imbalance = max/mean per replica")
-    print(f"{'workload':9} {'R':>2} {'policy':20} {'prefilled':>10} {'hit rate':>8} {'req imb':>8} {'tok imb':>8} "
-          f"{'makespan':>9} {'p50':>8} {'p99':>8} {'by prefix':>9}")
+    if markdown:
+        print("| workload | R | policy | prefilled | hit rate | imbalance: requests | prompt tokens | makespan | "
+              "p50 | p99 |\n|---|---|---|---|---|---|---|---|---|---|")
+    else:
+        print(f"{'workload':9} {'R':>2} {'policy':20} {'prefilled':>10} {'hit rate':>8} {'req imb':>8} "
+              f"{'tok imb':>8} {'makespan':>9} {'p50':>8} {'p99':>8} {'by prefix':>9}")
     checks = []
     for w in workloads:
         for replicas in replica_counts:
             for policy in policies:
-                if (w.name, replicas, policy) in results:
-                    print(f"{w.name:9} {replicas:>2} {policy:20} {row(results[w.name, replicas, policy])}")
+                r = results.get((w.name, replicas, policy))
+                if r is not None and markdown:
+                    name = f"**{policy}**" if policy == PROXY else policy
+                    print(f"| {w.name} | {replicas} | {name} | {r.prefilled:,.0f} | {r.hit_rate:.1%} | "
+                          f"{r.request_imbalance:.3f} | {r.token_imbalance:.3f} | {r.makespan_s:.1f} s | "
+                          f"{r.p50_s:.2f} s | {r.p99_s:.2f} s |")
+                elif r is not None:
+                    print(f"{w.name:9} {replicas:>2} {policy:20} {row(r)}")
             ours = results.get((w.name, replicas, PROXY))
             theirs = {p: results[w.name, replicas, p] for p in policies
                       if p not in (PROXY, ONE) and (w.name, replicas, p) in results}
@@ -496,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", type=Path, help="append every run's numbers to this file (JSON lines)")
     parser.add_argument("--report", type=Path, nargs="+", metavar="FILE",
                         help="print the table of recorded runs (from --record) and run nothing")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/proxy.md's)")
     parser.add_argument("--keep-logs", action="store_true", help="keep every process's log after the run")
     args = parser.parse_args(argv)
     if args.report:
@@ -505,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = json.loads(line)
                 key = (row.pop("workload"), row.pop("replicas"), row.pop("policy"))
                 runs.setdefault(key, []).append(Run(**row))
-        report(runs)
+        report(runs, args.markdown)
         return 0
     replica_counts = args.replicas or ([2, 4] if args.full else [2])
     repeats = args.repeats or (3 if args.full else 1)
@@ -518,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = asyncio.run(measure(replica_counts, workloads, policies, repeats, work, args.record))
     if not args.keep_logs:
         shutil.rmtree(work)
-    report(runs)
+    report(runs, args.markdown)
     return 0
 
 
