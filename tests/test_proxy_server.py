@@ -25,8 +25,11 @@ def test_group_of_completions_shares_a_replica_and_new_prompts_spread():
             status, stats = await f.get("/proxy/stats")
             assert status == 200
             assert stats["requests"]["routed"] == 32
-            # Each group's first request is new; the 7 others are its siblings, sent together: never spilled.
-            assert stats["requests"]["group"] == 28 and stats["requests"]["spill"] == 0
+            # Each group's 7 later requests follow its first, as its siblings while one is in flight (or by its
+            # prefix, if the sibling before already finished): never spilled. (The second group's first request also
+            # follows the system prompt's only holder, before a second prompt shows the system prompt is shared.)
+            requests = stats["requests"]
+            assert requests["group"] + requests["affinity"] >= 28 and requests["spill"] == 0
             assert sum(s.stats.cached_tokens for s in f.sims) > 0
     asyncio.run(scenario())
 
