@@ -181,11 +181,25 @@ class Fleet:
             p.stop()
 
 
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive free ports: the plan gives replica i the port of replica 0 plus i."""
+    while True:
+        first, sockets = free_port(), []
+        try:
+            for port in range(first, first + count):
+                sockets.append(socket.create_server(("127.0.0.1", port)))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+
+
 async def start_fleet(http: aiohttp.ClientSession, replicas: int, cache_blocks: int | None, work: Path) -> Fleet:
-    ports = [free_port() for _ in range(replicas)]
     composed = compose(["recipe=tiny-cpu-async-lora", f"model.tiny.max_position_embeddings={CONTEXT}",
                         f"vllm.max_model_len={CONTEXT}", f"vllm.data_parallel_size={replicas}",
-                        f"cluster.gpus_per_node={replicas + 1}", f"vllm.port={ports[0]}",
+                        f"cluster.gpus_per_node={replicas + 1}", f"vllm.port={free_ports(replicas)}",
                         f"proxy.port={free_port()}"])
     plan = build_plan(composed)
     if not (work / "model").exists():
