@@ -59,10 +59,6 @@ class Fleet:
         self.lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
 
-    @property
-    def inflight(self) -> list[int]:
-        return [r.inflight for r in self.replicas]
-
     def available(self, excluding: int | None = None) -> list[int]:
         return [r.index for r in self.replicas if r.healthy and r.index != excluding]
 

@@ -284,7 +284,9 @@ class Proxy:
 
     def snapshot(self) -> dict:
         """What /proxy/stats answers: routing decisions, errors, broadcasts, latency, replicas, fleet state."""
-        stats = self.stats.to_json([r.to_json() for r in self.fleet.replicas], block_size=self.config.block_size,
+        replicas = [{**r.to_json(), "outstanding_tokens": self.router.outstanding[r.index],
+                     "sent_tokens": self.router.sent[r.index]} for r in self.fleet.replicas]
+        stats = self.stats.to_json(replicas, block_size=self.config.block_size,
                                    tracked_blocks=self.router.tracked_blocks)
         stats["fleet"] = {"adapters": list(self.fleet.adapters), "paused": self.fleet.paused is not None}
         return stats
