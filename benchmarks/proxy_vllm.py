@@ -60,6 +60,7 @@ from grpo_launch.compose import compose
 from grpo_launch.contracts import tiny
 from grpo_launch.launch.supervisor import child_environment
 from grpo_launch.plan import build_plan
+from grpo_launch.proxy.upstream import KEEPALIVE_S
 
 CONTEXT, MAX_TOKENS = 1024, 8
 TARGET_PREFILL_RATIO, TARGET_TOKEN_IMBALANCE = 1.02, 1.10
@@ -414,7 +415,8 @@ def make_adapters(model_dir: Path, out: Path, count: int) -> list[Path]:
 async def measure(replica_counts: list[int], workloads: list[Workload], policies: list[str], repeats: int,
                   work: Path, record: Path | None) -> dict[tuple[str, int, str], list[Run]]:
     results: dict[tuple[str, int, str], list[Run]] = {}
-    connector = aiohttp.TCPConnector(limit=0)
+    # Idle connections closed before uvicorn (vllm serve) closes them (5 s), or a reused one may fail mid-request.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1800)) as http:
         adapters: list[Path] = []
         for replicas in replica_counts:
