@@ -35,9 +35,9 @@ from grpo_launch.plan.launch_script import command_line
 # Free-text keys that no generated script may execute: each gets the hostile value (or a list/map holding it).
 HOSTILE_KEYS = {
     "model.name_or_path", "model.revision", "model.attn_implementation", "cluster.gpu_type", "data.path",
-    "data.config", "data.split", "data.eval", "data.prompt_column", "data.answer_column", "data.system_prompt", "description",
-    "vllm.extra_args", "lora.target_modules", "run.root", "run.dir", "env.set", "scheduler.slurm.sbatch", "trainer",
-    "rewards",
+    "data.config", "data.split", "data.eval", "data.prompt_column", "data.answer_column", "data.system_prompt",
+    "description", "vllm.extra_args", "lora.target_modules", "run.root", "run.dir", "env.set",
+    "scheduler.slurm.sbatch", "trainer", "rewards",
 }
 # Keys that take text but are not set hostile here, and why.
 NOT_HOSTILE = {
@@ -91,7 +91,8 @@ def hostile_plan(canary: Path, marker: Path, *overrides: str) -> tuple[Plan, str
     config = composed.config
     values = {
         "model.name_or_path": h, "model.revision": h, "model.attn_implementation": h, "cluster.gpu_type": h,
-        "data.path": h + ".jsonl", "data.config": h, "data.split": h, "data.eval": h + ".jsonl", "data.prompt_column": h, "data.answer_column": h,
+        "data.path": h + ".jsonl", "data.config": h, "data.split": h, "data.eval": h + ".jsonl",
+        "data.prompt_column": h, "data.answer_column": h,
         "data.system_prompt": h + "\nand a second line", "description": h, "vllm.extra_args": [h, f"--x={h}"],
         "lora.target_modules": [h], "run.root": h, "run.dir": h, "env.set": {"GRPO_HOSTILE": h},
         "scheduler.slurm.sbatch": [f"--comment={h}"], "trainer": {**config.trainer, "output_dir": h, "run_name": h},
