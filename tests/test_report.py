@@ -327,3 +327,24 @@ def test_data_eval_turns_trls_evaluation_on():
     args = build_plan(compose(["recipe=tiny-cpu"])).trainer_args
     assert (args["eval_strategy"], args["eval_steps"], args["per_device_eval_batch_size"]) == ("steps", 5, 16)
     assert "eval_strategy" not in build_plan(compose(["recipe=tiny-cpu-colocate"])).trainer_args
+
+
+def test_a_gpu_runs_report_puts_the_plans_prediction_beside_what_was_measured(tmp_path, capsys):
+    """`grpo plan`'s step-time model (plan.json's prediction) becomes a column over the same rows: step time, each
+    measured phase's share and MFU; a CPU run has no prediction and no such column."""
+    steady = dict(phases={"generate": 6.0, "score": 0.5, "sync": 1.0, "train": 2.0, "wait": 0.5}, completions=64,
+                  tokens=(6400, 12800), samples=64, flops=64 * 19200 * 1e9)
+    path = write_run(tmp_path / "server", ["recipe=qwen1.5b-server"], [[steady] * 7] * 4)
+    prediction = run.read_run(path).plan.prediction
+    predicted = {r.key: r.value for r in summary.predicted_rows(prediction)}
+    assert predicted["phase/generate"] == f"{100 * prediction.phase('generation').seconds / prediction.step_s:.1f}%"
+    assert predicted["mfu"] == f"{100 * prediction.mfu:.1f}%"
+    assert set(predicted) <= {r.key for r in summary.rows(summary.summarize(run.read_run(path)))}
+    assert main(["report", str(path), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted" in out and "measured" in out and predicted["phase/generate"] in out
+    assert json.loads(grpo("report", str(path), "--json").stdout)["predicted"]["step_s"] == prediction.step_s
+    cpu = write_run(tmp_path / "cpu", ["recipe=tiny-cpu-server"],
+                    steady_steps(3, 2, {"generate": 0.3, "train": 0.1}, completions=32, samples=32))
+    assert main(["report", str(cpu), "--no-plots"]) == 0
+    assert "predicted" not in capsys.readouterr().out

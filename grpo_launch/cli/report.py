@@ -62,8 +62,14 @@ def show_report(run_dir: Path, console, *, plots: bool = True, title: str | None
 
     data = run.read_run(run_dir)
     report = summary.summarize(data)
-    console.print(table({"measured": summary.rows(report)},
-                        title=title or f"{data.name} · placement={data.plan.placement} · seed {data.seed}"))
+    columns = {"measured": summary.rows(report)}
+    prediction = data.plan.prediction
+    if prediction is not None and prediction.predicted:  # `grpo plan`'s step-time model beside what was measured
+        columns["predicted"] = summary.predicted_rows(prediction)
+    console.print(table(columns, title=title or f"{data.name} · placement={data.plan.placement} · seed {data.seed}"))
+    if "predicted" in columns:
+        console.print("[dim]predicted train includes the old policy's log-probability forward, measured as "
+                      "score[/]")
     findings = diagnosis.diagnose(report)
     if findings:
         console.print("[bold]bottleneck[/]")

@@ -21,6 +21,7 @@ from typing import Any
 
 from grpo_launch.contracts import measures as m
 from grpo_launch.contracts.accelerators import accelerator
+from grpo_launch.contracts.performance import MEASURED_AS, StepPrediction
 from grpo_launch.launch.curves import quarters
 from grpo_launch.report.run import EVAL_REWARD, RunData
 
@@ -130,6 +131,7 @@ class Report:
             "eval_final": self.evals[-1][1] if self.evals else None,
             "eval_best": max(v for _, v in self.evals) if self.evals else None,
             "rewards": self.rewards, "evals": self.evals,
+            "predicted": self.run.plan.prediction.to_json() if self.run.plan.prediction else None,
         }
 
 
@@ -244,4 +246,17 @@ def rows(report: Report) -> list[Row]:
         out.append(Row("eval", "eval reward: final / best (steps)",
                        f"{_number(report.evals[-1][1])} / {_number(max(v for _, v in report.evals))} "
                        f"({', '.join(str(s) for s, _ in report.evals)})"))
+    return out
+
+
+def predicted_rows(p: StepPrediction) -> list[Row]:
+    """The plan's prediction over the report's row keys: step time, phase split and MFU. A phase that runs beside
+    the trainer's step (async generation) shows its seconds, not a share of the step."""
+    out = [Row("median_step_s", "median step time", _duration(p.median_step_s or p.step_s))]
+    for phase in p.phases:  # shares of the mean step (syncs averaged in), so that they add up as measured ones do
+        value = f"{100 * phase.seconds / p.step_s:.1f}%" if phase.on_trainer_clock and p.step_s else \
+            f"beside: {_duration(phase.seconds)}"
+        label = f"    {MEASURED_AS[phase.name]}"
+        out.append(Row(f"phase/{MEASURED_AS[phase.name]}", label, value))
+    out.append(Row("mfu", "  MFU (train phase)", "-" if p.mfu is None else f"{100 * p.mfu:.1f}%"))
     return out
