@@ -39,7 +39,7 @@ def test_grpo_stop_ends_a_local_run_from_another_terminal(tmp_path):
     stopped = grpo("stop", str(run_dir), env=RUN_ENV, cwd=tmp_path)
     assert stopped.returncode == 0 and "SIGTERM sent" in stopped.stdout, stopped.stdout + stopped.stderr
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out[-3000:]  # stopped as on Ctrl-C: the run says it was interrupted
+    assert proc.returncode == 143, out[-3000:]  # 128 + SIGTERM, which grpo stop sends: the run stops as on Ctrl-C
     assert "interrupted" in out
     assert not processes_in(run_dir)
     again = grpo("stop", str(run_dir), env=RUN_ENV, cwd=tmp_path)

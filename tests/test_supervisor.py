@@ -102,6 +102,23 @@ def test_a_prepare_step_with_a_cache_key_is_built_once(tmp_path, monkeypatch, mo
         assert "prepared thing: kept from an earlier run" in out
 
 
+def test_the_prepare_steps_run_alone_for_a_scheduler_that_starts_processes_elsewhere(tmp_path, monkeypatch):
+    """scheduler=hf-jobs prepares the run directory here and starts nothing else (it once crashed here: the prepare
+    steps had no process groups to join)."""
+    import asyncio
+
+    from grpo_launch.launch.supervisor import Supervisor
+
+    monkeypatch.setenv("GRPO_MODEL_CACHE", "0")
+    (run_dir := tmp_path / "run").mkdir()
+    (run_dir / "logs").mkdir()
+    supervisor = Supervisor(Plan.from_json(prepare_plan(run_dir, tmp_path / "builds")), run_dir, nodes=(),
+                            console=Console(file=io.StringIO()))
+    asyncio.run(supervisor.prepare_only())
+    assert supervisor.failures == [] and (run_dir / "thing" / "made").read_text() == "x"
+    assert supervisor.groups.watchdog.poll() is not None  # the watchdog was told the steps ended, and left
+
+
 def test_process_dying_at_start(tmp_path):
     plan = server_plan(tmp_path, ["--die-after", "0", "--code", "7"], [])
     result, out = run(plan, tmp_path)

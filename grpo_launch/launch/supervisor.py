@@ -658,6 +658,16 @@ class Supervisor:
         self.display.stopping(self.presses, signal.Signals(signum).name)
 
     # -- the whole run ------------------------------------------------------------------------------------------
+    async def prepare_only(self) -> None:
+        """The prepare steps alone, for a scheduler whose processes start elsewhere from the prepared run
+        directory; their processes watched as a run's are, none left behind."""
+        self.groups = ProcessGroups(grace_s=self.grace_s, log=self.run_dir / LOGS_DIR / WATCHDOG_LOG)
+        try:
+            await self.run_prepare()
+        finally:
+            self.groups.signal(signal.SIGKILL)
+            self.groups.close()
+
     async def run(self) -> RunResult:
         loop = asyncio.get_running_loop()
         self.groups = ProcessGroups(grace_s=self.grace_s, log=self.run_dir / LOGS_DIR / WATCHDOG_LOG)

@@ -220,7 +220,7 @@ class JobsRun:
         """What the Jobs cannot make themselves, into the run directory before it is uploaded."""
         if self.plan.prepare:  # a built-in model: the vLLM Jobs read it before any supervisor Job runs
             supervisor = Supervisor(self.plan, self.run_dir, nodes=(), console=self.display.console)
-            asyncio.run(supervisor.run_prepare())
+            asyncio.run(supervisor.prepare_only())
             if supervisor.failures:
                 self.failures += supervisor.failures
                 return
@@ -252,7 +252,7 @@ class JobsRun:
             self._fail(job, f"{what} before it served")
         elif training and job.restarts < job.spec.max_restarts:
             restarts = job.restarts + 1
-            self.display.restarting(job.spec.name, 1, restarts, job.spec.max_restarts)
+            self.display.restarting(job.spec.name, f"(Job {job.id}) {what}", restarts, job.spec.max_restarts)
             again = self._submit(job.spec)
             again.restarts = restarts
             threading.Thread(target=self._watch_health, args=(again,), daemon=True).start()
