@@ -119,7 +119,8 @@ def measure(name: str, replicas: list[str], targets, prompts, model: str, proxy:
 def main() -> int:
     ports = [free_port() for _ in range(3)]
     composed = compose(["recipe=tiny-cpu-async-lora", f"model.tiny.max_position_embeddings={CONTEXT}",
-                        f"vllm.max_model_len={CONTEXT}", f"vllm.port={ports[0]}", f"proxy.port={ports[2]}"])
+                        f"vllm.max_model_len={CONTEXT}", f"vllm.port={ports[0]}",
+                        f"placement.async_lora.proxy.port={ports[2]}"])
     plan = build_plan(composed)
     work = Path(tempfile.mkdtemp(prefix="grpo-proxy-vllm-"))
     for step in plan.prepare:

@@ -82,7 +82,7 @@ def test_recipes_show_prints_every_key(capsys):
     assert doc["vllm"]["gpu_memory_utilization"] == 0.4
     assert doc["zero"] == {"stage": 3, "offload_optimizer": True, "offload_param": False,
                            "contiguous_gradients": True, "overlap_comm": True}
-    assert doc["proxy"]["host"] == "127.0.0.1"  # defaults filled in
+    assert doc["placement"]["async_lora"]["proxy"]["host"] == "127.0.0.1"  # defaults filled in
 
 
 def test_help_has_worked_examples():

@@ -93,7 +93,7 @@ def test_nodes_on_one_machine_share_its_ports():
 
 def test_every_port_of_loopback_nodes_is_distinct():
     plan = plan_json("recipe=tiny-cpu-async-lora", "cluster.nodes=2", "cluster.gpus_per_node=1",
-                     "vllm.data_parallel_size=1")
+                     "placement.async_lora.replicas=1")
     assert {p["node"] for p in plan["processes"]} == {0, 1}
     ports = [c["port"] for c in plan["ports"]]
     assert len(ports) == len(set(ports)), plan["ports"]
@@ -189,8 +189,10 @@ def test_json_contract_has_a_scheduler_section():
     for kind, job_file in (("local", None), ("slurm", "job.sbatch"), ("skypilot", "task.yaml")):
         plan = plan_json(*TWO_CPU_NODES, f"scheduler={kind}")
         section = plan["scheduler"]
-        assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups", "verbatim"}
+        assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups", "verbatim",
+                                "cluster"}
         assert (section["kind"], section["job_file"]) == (kind, job_file)
+        assert (section["cluster"] is not None) == (kind == "skypilot")  # sky cancel / sky down take it
         assert job_file is None or job_file in plan["files"]
         for group in section["groups"]:
             assert set(group) == {"name", "nodes", "processes", "command", "ends"}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -29,7 +27,7 @@ def _grid(plan: Plan) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("", no_wrap=True)
     for g in range(plan.gpus_per_node):
-        table.add_column("CPU " + str(g) if plan.accelerator == "cpu" else f"GPU{g}", no_wrap=True)
+        table.add_column(f"GPU{g}" if plan.device.gpus else f"{plan.device.label} {g}", no_wrap=True)
     for node, row in enumerate(plan.gpu_map):
         table.add_row(f"node {node}", *(Text(label.replace(" + ", "\n"), style=_cell_style(label)) for label in row))
     return table
@@ -71,15 +69,13 @@ def _scheduler(plan: Plan, console: Console) -> None:
 
 def vllm_settings_line(v: VllmSettings) -> str:
     """'key=value, ...' for every setting the placement resolved (LoRA slots flattened)."""
-    values = {k: val for k, val in dataclasses.asdict(v).items() if k not in ("enabled", "engine", "lora")}
-    if v.lora is not None:
-        values |= dataclasses.asdict(v.lora)
-    return ", ".join(f"{k}={val}" for k, val in values.items() if val is not None)
+    return ", ".join(f"{k}={val}" for k, val in v.items())
 
 
 def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None = None) -> None:
     console = console or Console(highlight=False)
-    devices = "CPU process" if plan.accelerator == "cpu" else f"GPU ({plan.gpu_type} {plan.gpu_memory_gib:g}GB)"
+    d = plan.device
+    devices = f"{d.slot} ({plan.gpu_type} {plan.gpu_memory_gib:g}GB)" if d.gpus else d.slot
     console.print(f"[bold]{escape(plan.recipe)}[/] " + escape(f"· placement={plan.placement} · {plan.nodes} node × "
                                                              f"{plan.gpus_per_node} {devices} · {plan.parallelism} · "
                                                              f"{plan.launcher} · {plan.world_size} trainer rank(s)"))
@@ -91,8 +87,7 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
         console.print(f"[bold]vllm[/]      {escape(f'{v.engine}: {vllm_settings_line(v)}')}")
     else:
         console.print(f"[bold]generation[/] {escape(v.engine)}")
-    b = plan.batch
-    console.print("[bold]batch[/]     " + escape(", ".join(f"{k}={val}" for k, val in b.items())))
+    console.print("[bold]batch[/]     " + escape(", ".join(f"{k}={val}" for k, val in plan.batch.items())))
     console.print(f"[bold]trainer[/]   TRL {plan.trainer_class}(" +
                   escape(", ".join(f"{k}={val!r}" for k, val in plan.trainer_args.items())) + ")")
     console.print()

@@ -17,7 +17,7 @@ from typing import Any
 
 from grpo_launch.contracts.inputs import Data, Lora
 from grpo_launch.contracts.knobs import ENV_NAME, Form, default_of, knob, violation
-from grpo_launch.contracts.proxy import ProxyKnobs
+from grpo_launch.contracts.proxy import DEFAULT_PROXY_PORT, ProxyKnobs
 from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE
 from grpo_launch.errors import UserError, did_you_mean
 
@@ -96,51 +96,98 @@ class Cluster:
 
 
 @dataclass(kw_only=True)
+class Vllm:
+    """The engine settings every placement's vLLM takes; what one placement alone takes is in its own section of
+    `placement` (placement.colocate, placement.server, placement.async_lora)."""
+
+    enabled: bool = knob(True, "Generate with vLLM. false: generate with transformers inside the trainer "
+                               "(CPU runs, debugging; colocate only).")
+    tensor_parallel_size: int = knob(1, "GPUs per vLLM engine (tensor parallelism).", ge=1)
+    gpu_memory_utilization: float = knob(doc="Fraction of GPU memory vLLM may take. Each placement's group file "
+                                             "sets its default (`grpo recipes show` shows it).", gt=0.0, le=1.0)
+    max_model_len: int | None = knob(None, "Longest prompt + completion vLLM serves; null: the model's.", ge=1)
+    enable_prefix_caching: bool | None = knob(None, "vLLM automatic prefix caching; null: vLLM's default (on).")
+    enforce_eager: bool = knob(False, "Disable CUDA graphs (faster start, slower generation).")
+    block_size: int = knob(DEFAULT_BLOCK_SIZE, "KV-cache block size in tokens (--block-size); the proxy hashes "
+                                               "prompts in blocks of this size.", ge=1)
+    cpu_kvcache_space_gib: int = knob(1, "cluster.accelerator=cpu: GiB of host memory each vLLM engine keeps for "
+                                         "its KV cache (VLLM_CPU_KVCACHE_SPACE); gpu_memory_utilization does not "
+                                         "apply on a CPU.", ge=1)
+    port: int = knob(8000, "A `vllm serve` process (server, async-lora): HTTP port of the first on a machine; more "
+                           "there take the next free ports.", ge=1, le=65535)
+    health_timeout_s: float = knob(1800.0, "A `vllm serve` process: how long to wait for its /health before failing "
+                                           "the run.", gt=0)
+    extra_args: list[str] = knob(factory=list, doc="More `vllm serve` arguments (server, async-lora), appended "
+                                                   "verbatim.")
+
+
+@dataclass(kw_only=True)
+class Colocate:
+    sleep_level: int = knob(0, "0 keeps vLLM resident; 2 frees its weights and KV cache while training (TRL's "
+                               "sleep mode). Level 1 is not implemented by the pinned TRL.", choices=(0, 1, 2))
+
+
+@dataclass(kw_only=True)
+class Server:
+    group_port: int = knob(51216, "NCCL weight-sync rendezvous port, opened on trainer node 0.", ge=1, le=65535)
+
+
+@dataclass(kw_only=True)
+class Proxy(ProxyKnobs):
+    port: int = knob(DEFAULT_PROXY_PORT, "Port of the routing proxy.", ge=1, le=65535)
+    api_key_env: str | None = knob(None, "Name of the environment variable holding the key clients must send "
+                                         "(the trainer sends it too); required when the proxy's host is not "
+                                         "loopback; null: no client auth.", form=ENV_NAME)
+    upstream_api_key_env: str | None = knob(None, "Name of the environment variable whose value is sent to "
+                                                  "replicas as a Bearer token.", form=ENV_NAME)
+
+
+@dataclass(kw_only=True)
+class AsyncLora:
+    replicas: int = knob(2, "Independent `vllm serve` replicas behind the routing proxy.", ge=1)
+    max_loras: int | None = knob(None, "Adapter slots per replica (--max-loras); null: trainer.max_staleness + 2, "
+                                       "the least TRL accepts.", ge=1)
+    max_lora_rank: int | None = knob(None, "--max-lora-rank; null: the smallest vLLM rank >= lora.r.", ge=1)
+    stagger_s: float = knob(10.0, "Seconds between starting two replicas (spreads the load of weights from shared "
+                                  "storage).", ge=0)
+    max_restarts: int = knob(3, "How often the supervisor restarts a replica that dies (the proxy takes it back "
+                                "once healthy); the next death stops the run.", ge=0)
+    proxy: Proxy = knob(factory=Proxy, doc="The KV-prefix routing proxy in front of the replicas.")
+
+
+@dataclass(kw_only=True)
 class Placement:
     kind: str = knob(doc="Where generation runs: colocate (vLLM inside every trainer rank), server (a vLLM "
                          "server on its own GPUs), async-lora (vLLM replicas behind the routing proxy, "
                          "LoRA adapters synced through shared storage). Chosen with placement=NAME, whose "
                          "group file also sets the placement's defaults.")
-    trainer_nodes: int | None = knob(None, "server/async-lora: machines given to the trainer; null: every "
-                                           "machine vLLM leaves whole, or node 0 when vLLM shares one "
-                                           "machine with the trainer.", ge=1)
+    trainer_nodes: int | None = knob(None, "Machines given to the trainer; null: every machine (colocate), or every "
+                                           "machine vLLM leaves whole, or node 0 when vLLM shares one machine with "
+                                           "the trainer (server, async-lora).", ge=1)
+    colocate: Colocate = knob(factory=Colocate, doc="placement=colocate: the engine inside the trainer ranks.")
+    server: Server = knob(factory=Server, doc="placement=server: the one server's weight sync.")
+    async_lora: AsyncLora = knob(factory=AsyncLora, doc="placement=async-lora: the replicas and the proxy.")
 
 
-@dataclass(kw_only=True)
-class Vllm:
-    enabled: bool = knob(True, "Generate with vLLM. false: generate with transformers inside the trainer "
-                               "(CPU runs, debugging; colocate only).")
-    tensor_parallel_size: int = knob(1, "GPUs per vLLM engine (tensor parallelism).", ge=1)
-    data_parallel_size: int | None = knob(None, "vLLM engines. colocate: derived (trainer ranks / TP); server: 1; "
-                                                "async-lora: independent replicas (default 2).", ge=1)
-    sleep_level: int = knob(0, "colocate: 0 keeps vLLM resident; 2 frees its weights and KV cache while "
-                               "training (TRL's sleep mode). Level 1 is not implemented by TRL 1.16.",
-                            choices=(0, 1, 2))
-    gpu_memory_utilization: float = knob(doc="Fraction of GPU memory vLLM may take. Each placement's group file "
-                                             "sets its default (`grpo recipes show` shows it).", gt=0.0, le=1.0)
-    max_model_len: int | None = knob(None, "Longest prompt + completion vLLM serves; null: the model's.", ge=1)
-    port: int = knob(8000, "HTTP port of the first vLLM server on a machine; more servers there take the "
-                           "next free ports.", ge=1, le=65535)
-    group_port: int = knob(51216, "server: NCCL weight-sync rendezvous port, opened on trainer node 0.",
-                           ge=1, le=65535)
-    enable_prefix_caching: bool | None = knob(None, "vLLM automatic prefix caching; null: vLLM's default (on).")
-    enforce_eager: bool = knob(False, "Disable CUDA graphs (faster start, slower generation).")
-    max_loras: int | None = knob(None, "async-lora: adapter slots per replica (--max-loras); null: "
-                                       "max_staleness + 2, the least TRL accepts.", ge=1)
-    max_lora_rank: int | None = knob(None, "async-lora: --max-lora-rank; null: the smallest vLLM rank >= lora.r.",
-                                     ge=1)
-    block_size: int = knob(DEFAULT_BLOCK_SIZE, "KV-cache block size in tokens (--block-size); the proxy hashes "
-                                               "prompts in blocks of this size.", ge=1)
-    extra_args: list[str] = knob(factory=list, doc="More `vllm serve` arguments, appended verbatim.")
-    health_timeout_s: float = knob(1800.0, "How long to wait for a server's /health before failing the run.",
-                                   gt=0)
-    stagger_s: float = knob(10.0, "async-lora: seconds between starting two replicas (spreads the load "
-                                  "of weights from shared storage).", ge=0)
-    cpu_kvcache_space_gib: int = knob(1, "cluster.accelerator=cpu: GiB of host memory each vLLM engine keeps for "
-                                         "its KV cache (VLLM_CPU_KVCACHE_SPACE); gpu_memory_utilization does not "
-                                         "apply on a CPU.", ge=1)
-    max_restarts: int = knob(3, "async-lora: how often the supervisor restarts a replica that dies (the proxy "
-                                "takes it back once healthy); the next death stops the run.", ge=0)
+# Keys that moved, by their old name: a recipe or an override that uses one is told the new name.
+MOVED = {
+    "vllm.sleep_level": "placement.colocate.sleep_level",
+    "vllm.group_port": "placement.server.group_port",
+    "vllm.data_parallel_size": "placement.async_lora.replicas",
+    "vllm.max_loras": "placement.async_lora.max_loras",
+    "vllm.max_lora_rank": "placement.async_lora.max_lora_rank",
+    "vllm.stagger_s": "placement.async_lora.stagger_s",
+    "vllm.max_restarts": "placement.async_lora.max_restarts",
+    "proxy": "placement.async_lora.proxy",
+}
+
+
+def moved_to(key: str) -> str | None:
+    """The new name of a key that moved (a section's keys move with it), or None."""
+    for old, new in MOVED.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old):]
+    return None
 
 
 @dataclass(kw_only=True)
@@ -151,16 +198,6 @@ class Zero:
     contiguous_gradients: bool | None = knob(None, "Copy gradients into one buffer (less fragmentation); null: "
                                                    "DeepSpeed's default.")
     overlap_comm: bool | None = knob(None, "Overlap gradient reduction with backward; null: DeepSpeed's default.")
-
-
-@dataclass(kw_only=True)
-class Proxy(ProxyKnobs):
-    port: int = knob(8080, "Port of the routing proxy.", ge=1, le=65535)
-    api_key_env: str | None = knob(None, "Name of the environment variable holding the key clients must send "
-                                         "(the trainer sends it too); required when proxy.host is not loopback; "
-                                         "null: no client auth.", form=ENV_NAME)
-    upstream_api_key_env: str | None = knob(None, "Name of the environment variable whose value is sent to "
-                                                  "replicas as a Bearer token.", form=ENV_NAME)
 
 
 @dataclass(kw_only=True)
@@ -236,7 +273,6 @@ class Config:
     vllm: Vllm = knob(factory=Vllm, doc="vLLM engines and servers.")
     zero: Zero = knob(factory=Zero, doc="DeepSpeed ZeRO.")
     lora: Lora = knob(factory=Lora, doc="LoRA adapter training.")
-    proxy: Proxy = knob(factory=Proxy, doc="The KV-prefix routing proxy (async-lora).")
     run: Run = knob(factory=Run, doc="The run directory and rendezvous.")
     scheduler: Scheduler = knob(factory=Scheduler, doc="How the processes reach the machines.")
     env: Env = knob(factory=Env, doc="Environment of every process.")

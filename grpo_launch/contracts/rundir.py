@@ -13,7 +13,9 @@ LAUNCH_FILE = "launch.sh"          # replays every process by hand, without grpo
 SLURM_JOB_FILE = "job.sbatch"      # scheduler=slurm: the batch job
 SKYPILOT_TASK_FILE = "task.yaml"   # scheduler=skypilot: the SkyPilot task
 JOB_LOG = "job.log"                # under logs/: the batch script's own output
-NODE_FAILURES = "node-{node}.failure"  # under logs/: 'CODE TIME_NS REASON' of a node whose processes failed
+NODE_FAILURES = "node-{node}.failure.json"  # under logs/: a node's first failure (contracts.failures.NodeFailure)
 PREPARE_LOCK = ".prepare.lock"    # nodes sharing a run directory take turns at the prepare steps
 WEIGHT_SYNC_DIR = "weight-sync"   # weights the trainer writes for vLLM to reload (CPU runs), rewritten every step
 TRAINER_FAILURE = "trainer-rank{rank}.failure.json"  # under logs/: a trainer rank's exception, phase and step
+CHECKPOINTS_DIR = "checkpoints"   # the trainer's output_dir unless trainer.output_dir says otherwise
+FINAL_MODEL_DIR = "final"         # under the output_dir: the trained model (or adapter) once training ends

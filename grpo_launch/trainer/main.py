@@ -17,14 +17,14 @@ import traceback
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from grpo_launch.contracts.devices import WeightSync
 from grpo_launch.contracts.inputs import Lora
-from grpo_launch.contracts.plan import Plan, load_plan
-from grpo_launch.contracts.rundir import METRICS_FILE, PLAN_FILE, REWARDS_DIR
+from grpo_launch.contracts.plan import Plan, Trainer, load_plan
+from grpo_launch.contracts.rundir import FINAL_MODEL_DIR, METRICS_FILE, PLAN_FILE, REWARDS_DIR
 from grpo_launch.contracts.secrets import secret_names, secret_values
 from grpo_launch.trainer.data import import_target, load_training_dataset
 from grpo_launch.trainer.progress import PROGRESS, step_callback, write_failure
 
-FINAL_DIR = "final"
 TRAINER_STATE = "trainer_state.json"  # transformers' name, written last into each checkpoint
 
 
@@ -91,10 +91,10 @@ def _common(plan: Plan, dataset, rewards) -> dict:
 def train_grpo(plan: Plan, dataset, rewards) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
-    if plan.accelerator == "cpu":
+    if plan.device.host_tensor_locations:
         _allow_indexed_cpu_locations()
     args = GRPOConfig(**plan.trainer_args)
-    reload = plan.trainer_inputs.weight_sync == "reload"
+    reload = plan.trainer_inputs.weight_sync == WeightSync.RELOAD
     if reload:
         from grpo_launch.trainer.vllm_sync import use_reload_sync
 
@@ -108,11 +108,11 @@ def train_grpo(plan: Plan, dataset, rewards) -> None:
 
 
 def server_url(plan: Plan) -> str:
-    """vllm_server_base_url as TRL's async clients reach it. A server that requires a key (a keyed proxy) gets it
-    in the URL's user info: TRL's clients (`requests` for control calls, an aiohttp session for generation) take no
-    headers, and both send a URL's credentials as HTTP Basic auth, which the proxy accepts. The URL lives in memory
-    only; the supervisor keeps the key out of the logs."""
-    url = plan.trainer_args["vllm_server_base_url"]
+    """The proxy's URL (TRL's vllm_server_base_url) as TRL's async clients reach it. A server that requires a key
+    (a keyed proxy) gets it in the URL's user info: TRL's clients (`requests` for control calls, an aiohttp session
+    for generation) take no headers, and both send a URL's credentials as HTTP Basic auth, which the proxy accepts.
+    The URL lives in memory only; the supervisor keeps the key out of the logs."""
+    url = plan.vllm.replicas.proxy_url
     name = plan.trainer_inputs.server_key_env
     if name is None:
         return url
@@ -120,12 +120,14 @@ def server_url(plan: Plan) -> str:
     return urlunsplit(parts._replace(netloc=f"grpo:{quote(os.environ[name], safe='')}@{parts.netloc}"))
 
 
-def train_async_grpo(plan: Plan, dataset, rewards) -> None:
-    if plan.accelerator == "cpu":  # AsyncGRPOTrainer needs CUDA: run TRL's async pieces in a loop of our own
-        from grpo_launch.trainer.async_cpu import train_on_cpu
+def train_async_loop(plan: Plan, dataset, rewards) -> None:
+    """AsyncGRPOTrainer needs CUDA: where it cannot run, TRL's async pieces run in a loop of our own."""
+    from grpo_launch.trainer.async_cpu import train_on_cpu
 
-        return train_on_cpu(plan, dataset, rewards, peft_config(plan.trainer_inputs.lora), Path(METRICS_FILE),
-                            server_url(plan))
+    train_on_cpu(plan, dataset, rewards, peft_config(plan.trainer_inputs.lora), Path(METRICS_FILE), server_url(plan))
+
+
+def train_async_grpo(plan: Plan, dataset, rewards) -> None:
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer
 
@@ -140,12 +142,12 @@ def train_async_grpo(plan: Plan, dataset, rewards) -> None:
     args = AsyncGRPOConfig(**{**plan.trainer_args, "vllm_server_base_url": server_url(plan)})
     trainer = AsyncGRPOTrainer(args=args, processing_class=tokenizer, **_common(plan, dataset, rewards))
     # Its client and rollout worker hold the URL now; the arguments, which checkpoints save, go back to the plain one.
-    trainer.args.vllm_server_base_url = plan.trainer_args["vllm_server_base_url"]
+    trainer.args.vllm_server_base_url = plan.vllm.replicas.proxy_url
     run_trainer(trainer)
 
 
-# What the trainer entrypoint runs, by the plan's TrainerInputs.trainer (contracts.plan.TRAINERS).
-TRAINERS = {"grpo": train_grpo, "async-grpo": train_async_grpo}
+# What the trainer entrypoint runs, by the plan's TrainerInputs.trainer.
+TRAINERS = {Trainer.GRPO: train_grpo, Trainer.ASYNC_GRPO: train_async_grpo, Trainer.ASYNC_LOOP: train_async_loop}
 
 
 def _allow_indexed_cpu_locations() -> None:
@@ -181,7 +183,7 @@ def run_trainer(trainer) -> None:
     if checkpoint and trainer.accelerator.is_main_process:
         print(f"[grpo-launch] resuming from {checkpoint}", flush=True)
     trainer.train(resume_from_checkpoint=checkpoint)
-    trainer.save_model(os.path.join(output_dir, FINAL_DIR))
+    trainer.save_model(os.path.join(output_dir, FINAL_MODEL_DIR))
     if trainer.accelerator.is_main_process:
         print(f"[grpo-launch] training finished at step {trainer.state.global_step}", flush=True)
 
@@ -189,7 +191,7 @@ def run_trainer(trainer) -> None:
 def train(plan: Plan) -> None:
     inputs = plan.trainer_inputs
     PROGRESS.enter("loading the dataset")
-    dataset = load_training_dataset(inputs.data, plan.trainer_args["seed"], chat=inputs.chat_prompts)
+    dataset = load_training_dataset(inputs.data, inputs.seed, chat=inputs.chat_prompts)
     PROGRESS.enter("loading the reward functions")
     rewards = [load_reward(r.target) for r in inputs.rewards]
     PROGRESS.enter("building the trainer")
