@@ -109,11 +109,39 @@ def test_placement_names_are_compared_only_in_their_own_modules():
     quoted = "|".join(map(re.escape, names))
     comparison = re.compile(rf"""(==|!=|\bin)\s*\(?["']({quoted})["']""")
     trl_mode = re.compile(r"\.mode\s*(==|!=)")  # TRL's own vllm_mode (VLLMGeneration.mode): TRL's words, not ours
+    found = [line for line in _lines_matching(comparison, skip=lambda m: m.startswith("grpo_launch.plan.placements.")
+                                              or m == "grpo_launch.compose.trl_fields")
+             if not trl_mode.search(line)]
+    assert not found, "\n".join(found)
+
+
+def _lines_matching(pattern: re.Pattern, skip=lambda module: False) -> list[str]:
     found = []
     for module, path in MODULES.items():
-        if module.startswith("grpo_launch.plan.placements.") or module == "grpo_launch.compose.trl_fields":
+        if skip(module):
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            if comparison.search(line) and not trl_mode.search(line):
+            if pattern.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    return found
+
+
+def test_the_device_is_asked_not_compared():
+    """What differs between a GPU and a CPU is the device strategy's (contracts/devices.py): nothing else compares
+    cluster.accelerator, or a value, with a device's name."""
+    from grpo_launch.contracts.devices import DEVICES
+
+    names = "|".join(map(re.escape, DEVICES))
+    switch = re.compile(rf"""accelerator\s*(==|!=)|(==|!=|\bin)\s*\(?["']({names})["']|["']({names})["']\s*(==|!=)""")
+    found = _lines_matching(switch, skip=lambda m: m == "grpo_launch.contracts.devices")
+    assert not found, "\n".join(found)
+
+
+def test_the_plan_is_read_by_typed_fields():
+    """The processes and the planner read the plan's typed fields: no key of its batch, its TRL arguments or its
+    generated files is looked up (TRL's arguments pass to TRL whole; `trl_fields.effective` reads a TRL field with
+    its default), and roles, trainers, weight syncs and shardings are enumerations, not strings compared."""
+    lookup = re.compile(r"""\.(batch|trainer_args|files)\s*(\[|\.get\()""")
+    compared = re.compile(r"""\.(role|trainer|weight_sync|sharding)\s*(==|!=|\bin)\s*\(?["']""")
+    found = _lines_matching(lookup) + _lines_matching(compared)
     assert not found, "\n".join(found)

@@ -26,11 +26,11 @@ from grpo_launch.compose.grammar import parse_override
 from grpo_launch.compose.hydra_errors import unknown_key, user_error
 from grpo_launch.compose.interpolations import check_defaults, check_no_environment
 from grpo_launch.compose.origins import Origins, dotted
+from grpo_launch.compose.recipes import PRIMARY_DIR
 from grpo_launch.contracts.builtins import names_a_path
 from grpo_launch.contracts.shell import shell_line
 from grpo_launch.errors import UserError
 
-PRIMARY_DIR = Path(__file__).with_name("primary")  # config.yaml: one option per group, the schema first
 SCHEMA_NAME = "grpo_launch_schema"                  # the schema's name in Hydra's ConfigStore
 
 

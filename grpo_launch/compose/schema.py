@@ -1,7 +1,8 @@
 """The typed recipe schema: every key with its type, default, bounds and one-line doc.
 
-These dataclasses are the structured config of the primary config (`compose.PRIMARY`): Hydra composes recipes
-into them, so OmegaConf rejects unknown keys, converts and checks types and finds missing values, naming the key.
+These dataclasses are the structured config of the primary config (`compose.recipes.PRIMARY_DIR`): Hydra composes
+recipes into them, so OmegaConf rejects unknown keys, converts and checks types and finds missing values, naming the
+key.
 `check_bounds` then checks every knob's bounds and choices in one pass over the typed `Config`. `trainer.*` is the
 one open section: its names are TRL's and are checked against `trl_fields`. docs/recipe-reference.md is generated
 from these classes (`python -m grpo_launch.compose.reference`).
@@ -15,6 +16,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_launch.contracts.devices import DEVICES
 from grpo_launch.contracts.inputs import Data, Lora
 from grpo_launch.contracts.knobs import ENV_NAME, Form, default_of, knob, violation
 from grpo_launch.contracts.proxy import DEFAULT_PROXY_PORT, ProxyKnobs
@@ -76,7 +78,7 @@ class Reward:
 class Cluster:
     accelerator: str = knob("cuda", "Device kind. cpu runs trainer ranks as CPU processes (gloo) and vLLM's CPU "
                                     "build (no sleep mode, no NCCL weight sync: weights are reloaded from files).",
-                            choices=("cuda", "cpu"))
+                            choices=tuple(DEVICES))
     nodes: int = knob(1, "Number of machines (at most 1024: grpo-launch plans every process of every node).",
                       ge=1, le=1024)
     gpus_per_node: int = knob(8, "GPUs per machine (with accelerator=cpu: trainer processes per machine); at most 64: "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.contracts.builtins import BUILTIN_MODEL_DIR, names_a_path
+from grpo_launch.contracts.hosts import EVERY_INTERFACE
 from grpo_launch.contracts.inputs import Data
 from grpo_launch.contracts.plan import Plan, Role
 from grpo_launch.contracts.secrets import missing_keys
@@ -62,7 +63,7 @@ def check_ports_free(plan: Plan, node: int) -> None:
             # As servers do: connections of an earlier run lingering in TIME_WAIT do not make a port busy.
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                s.bind(("0.0.0.0", claim.port))
+                s.bind((EVERY_INTERFACE, claim.port))
             except OSError:
                 raise UserError(f"port {claim.port} ({claim.owner}) is already in use on this machine",
                                 key=claim.key, hint=f"stop what holds it, or set {claim.key} to another "

@@ -19,6 +19,7 @@ from grpo_launch.contracts.devices import CPU
 from grpo_launch.contracts.hosts import LOOPBACK
 from grpo_launch.contracts.plan import Plan, Role, Trainer
 from grpo_launch.contracts.rundir import CHECKPOINTS_DIR
+from grpo_launch.contracts.userdirs import XDG_CACHE_HOME
 from grpo_launch.contracts.vllm import VLLM_LORA_RANKS
 from grpo_launch.plan.placements import placement_of
 from grpo_launch.plan.placements.base import Placement
@@ -38,7 +39,7 @@ TINY_FAMILY_NAME = "qwen"  # the built-in model is Qwen2-shaped (contracts.tiny)
 CPU_ATTENTION = (None, "sdpa", "eager")
 # Caches the processes would write under ~ (Hugging Face, vLLM, torch's extensions, Triton, XDG's): inside the
 # rehearsal's run directory (relative: every process runs there), unless the caller's environment sets them.
-CACHES = {"XDG_CACHE_HOME": "cache", "HF_HOME": "cache/huggingface", "VLLM_CACHE_ROOT": "cache/vllm",
+CACHES = {XDG_CACHE_HOME: "cache", "HF_HOME": "cache/huggingface", "VLLM_CACHE_ROOT": "cache/vllm",
           "VLLM_CONFIG_ROOT": "cache/vllm-config", "TORCH_EXTENSIONS_DIR": "cache/torch_extensions",
           "TRITON_CACHE_DIR": "cache/triton"}
 

@@ -1,6 +1,6 @@
 """async-lora on a CPU-only machine, for smoke tests: the trainer's loop made of TRL's own async pieces.
 
-TRL 1.16's AsyncGRPOTrainer cannot be constructed without CUDA (it sizes MFU from the GPU and packs rows for a
+TRL's AsyncGRPOTrainer cannot be constructed without CUDA (it sizes MFU from the GPU and packs rows for a
 FlashAttention kernel). On such a machine the trainer entrypoint runs this loop instead, which keeps everything that
 crosses a process boundary real and TRL's own:
 - TRL's AsyncRolloutWorker, a spawned child that generates through the routing proxy with the newest adapter

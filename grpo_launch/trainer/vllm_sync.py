@@ -1,6 +1,6 @@
 """Trained weights into vLLM where TRL's own way cannot work: a CPU machine (the plan's weight_sync "reload").
 
-TRL 1.16 pushes weights to a vLLM server over NCCL (CUDA only: `VLLMClient.init_communicator` refuses a CPU), and
+TRL pushes weights to a vLLM server over NCCL (CUDA only: `VLLMClient.init_communicator` refuses a CPU), and
 loads them into a colocated engine tensor by tensor (`load_weights`), which vLLM's CPU linear layers cannot take:
 they repack their weights at load and keep no `weight_loader`. Instead, each sync writes the parameters TRL itself
 gathers (`VLLMGeneration._iter_named_params`: PEFT merged, ZeRO-3/FSDP gathered, names as vLLM's) as one
