@@ -81,8 +81,7 @@ def test_address_references_stay_expandable_in_shell_commands():
 
 
 def test_nodes_on_one_machine_share_its_ports():
-    machine = {0: "127.0.0.1", 1: "127.0.0.1", 2: "10.0.0.3"}
-    book = PortBook(machine.__getitem__)
+    book = PortBook(("127.0.0.1", "127.0.0.1", "10.0.0.3"))
     assert book.next_free(0, 8000, "a", "vllm.port") == 8000
     assert book.next_free(1, 8000, "b", "vllm.port") == 8001  # node 1 is node 0's machine
     assert book.next_free(2, 8000, "c", "vllm.port") == 8000  # another machine

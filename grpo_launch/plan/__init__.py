@@ -112,7 +112,7 @@ def _planned(composed: Composed) -> Plan:
             args["deepspeed"] = DEEPSPEED_FILE  # accelerate reads it from accelerate.yaml instead
     shared = sharding(config, fsdp2=result.fsdp2, processes=world)
     files[ACCELERATE_FILE] = accelerate_config(config, ctx.device, machines=len(layout.trainer_nodes),
-                                               processes=world, main_ip=ctx.host(layout.trainer_nodes[0]),
+                                               processes=world, main_ip=ctx.hosts[layout.trainer_nodes[0]],
                                                shared=shared)
     batch = placement.batch(args, world, result)
 
@@ -131,7 +131,7 @@ def _planned(composed: Composed) -> Plan:
         gpus_per_node=config.cluster.gpus_per_node,
         gpu_type=config.cluster.gpu_type,
         gpu_memory_gib=config.cluster.gpu_memory_gib,
-        hosts=tuple(ctx.host(n) for n in range(config.cluster.nodes)),
+        hosts=ctx.hosts,
         launcher=config.launcher,
         world_size=world,
         vllm=placement.sized_vllm(result, batch),

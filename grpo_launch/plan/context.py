@@ -22,25 +22,21 @@ class Context:
 
     config: Config
     model: ModelSource
-    ports: PortBook = field(init=False)
     warnings: list[str] = field(default_factory=list)
     device: Device = field(init=False)
     scheduler: Scheduler = field(init=False)
+    hosts: tuple[str, ...] = field(init=False)  # node K's address: cluster.hosts, else the scheduler's (loopback,
+                                                # or GRPO_HOST_K)
+    bind: str = field(init=False)               # what servers listen on: loopback when every node is this machine
+    ports: PortBook = field(init=False)
 
     def __post_init__(self) -> None:
-        self.device = device_of(self.config.cluster.accelerator)
+        c = self.config.cluster
+        self.device = device_of(c.accelerator)
         self.scheduler = scheduler_of(self.config)
-        self.ports = PortBook(self.host)  # two nodes on one machine share its ports
-
-    def host(self, node: int) -> str:
-        """Node `node`'s address: from cluster.hosts, else as the scheduler gives it (loopback, or GRPO_HOST_K)."""
-        hosts = self.config.cluster.hosts
-        return hosts[node] if hosts else self.scheduler.host(self.config, node)
-
-    def bind_address(self) -> str:
-        """Servers listen on loopback when every node is this machine, on every interface otherwise."""
-        every = [self.host(n) for n in range(self.config.cluster.nodes)]
-        return LOOPBACK if all(is_loopback(h) for h in every) else EVERY_INTERFACE
+        self.hosts = tuple(c.hosts) or tuple(self.scheduler.host(self.config, n) for n in range(c.nodes))
+        self.bind = LOOPBACK if all(is_loopback(h) for h in self.hosts) else EVERY_INTERFACE
+        self.ports = PortBook(self.hosts)  # two nodes on one machine share its ports
 
     def env(self, gpus: tuple[int, ...]) -> dict[str, str]:
         """The literal environment of a process holding `gpus`: env.set, the device's visible GPUs, and offline

@@ -43,10 +43,10 @@ def served_engine(ctx: Context, index: int, name: str, owner: str, node: int, gp
     """One `vllm serve` on `gpus` of `node`, on the first free port from vllm.port, gated on its /health."""
     v = ctx.config.vllm
     port = ctx.ports.next_free(node, v.port, owner, "vllm.port")
-    url = f"http://{ctx.host(node)}:{port}"
+    url = f"http://{ctx.hosts[node]}:{port}"
     env = ctx.env(gpus) | ctx.device.engine_env(v.cpu_kvcache_space_gib) | DEV_MODE | (extra_env or {})
     spec = ProcessSpec(name=name, role=Role.VLLM, node=node, gpus=gpus,
-                       argv=vllm_serve_argv(ctx, bind=ctx.bind_address(), port=port, extra=extra_flags),
+                       argv=vllm_serve_argv(ctx, bind=ctx.bind, port=port, extra=extra_flags),
                        env=env, pass_env=tuple(ctx.config.env.passthrough), port=port, ready_url=f"{url}/health",
                        ready_timeout_s=v.health_timeout_s, start_delay_s=start_delay_s, restart=restart,
                        metrics_url=f"{url}/metrics")

@@ -33,7 +33,7 @@ def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...],
     `secrets`: variables it reads besides env.passthrough."""
     config = ctx.config
     machines = len(layout.trainer_nodes)
-    main_ip = ctx.host(layout.trainer_nodes[0])
+    main_ip = ctx.hosts[layout.trainer_nodes[0]]
     port = config.run.main_process_port
     ctx.ports.claim(layout.trainer_nodes[0], port, "the trainer rendezvous", "run.main_process_port")
     timeout = config.run.rendezvous_timeout_s
