@@ -213,6 +213,16 @@ def test_independent_mistakes_are_reported_together(capsys):
         assert fragment in err
 
 
+def test_every_bound_and_trainer_field_is_checked_at_once(capsys):
+    assert main(["plan", "cluster.nodes=0", "vllm.port=70000", "trainer.learning_rate=-1",
+                 "trainer.learnig_rate=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 4
+    for fragment in ("'cluster.nodes' must be >= 1", "'vllm.port' must be <= 65535", "'trainer.learning_rate' must "
+                     "be > 0", "did you mean 'trainer.learning_rate'?"):
+        assert fragment in err
+
+
 def test_bad_input_through_the_real_entry_point(tmp_path):
     result = grpo("plan", "trainer.learnig_rate=1", cwd=tmp_path)
     assert result.returncode == 2

@@ -29,7 +29,7 @@ from grpo_launch.compose.origins import Origins, dotted
 from grpo_launch.compose.recipes import PRIMARY_DIR
 from grpo_launch.contracts.builtins import names_a_path
 from grpo_launch.contracts.shell import shell_line
-from grpo_launch.errors import UserError
+from grpo_launch.errors import UserError, collect
 
 SCHEMA_NAME = "grpo_launch_schema"                  # the schema's name in Hydra's ConfigStore
 
@@ -241,8 +241,7 @@ class Composer:
                 raise Origins(tuple(self.dirs), tuple(choices.items()), overrides).locate(e) from None
         origins = Origins(tuple(self.dirs), tuple(choices.items()), overrides)
         try:
-            schema.check_bounds(config)
-            trl_fields.check_trainer_names(config.trainer)
+            collect(lambda: schema.check_bounds(config), lambda: trl_fields.check_trainer_names(config.trainer))
         except UserError as e:
             raise origins.locate(e, config) from None
         if entry and not cached and not interpolated and self.store:

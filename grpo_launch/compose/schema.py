@@ -14,6 +14,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from grpo_launch.contracts.devices import DEVICES
@@ -21,7 +22,7 @@ from grpo_launch.contracts.inputs import Data, Lora
 from grpo_launch.contracts.knobs import ENV_NAME, Form, default_of, knob, violation
 from grpo_launch.contracts.proxy import DEFAULT_PROXY_PORT, ProxyKnobs
 from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE
-from grpo_launch.errors import UserError, did_you_mean
+from grpo_launch.errors import UserError, collect, did_you_mean
 
 # What Slurm's sbatch and SkyPilot accept in the fields grpo-launch writes for them (`#SBATCH --partition=...` is parsed
 # by sbatch, not by a shell: a value must be one token). Slurm: sbatch(1); SkyPilot 0.14: sky/task.py (task names),
@@ -300,25 +301,27 @@ def _check_items(value: Any, tp: Any, path: str) -> None:
 
 def check_bounds(section: Any, prefix: str = "") -> None:
     """Every knob's bounds and choices, and the items of its lists and mappings, in one pass over a typed section
-    (lists of sections included)."""
+    (lists of sections included); every knob out of bounds is reported, together."""
     hints = typing.get_type_hints(type(section))
-    for f in dataclasses.fields(section):
-        value = getattr(section, f.name)
-        path = f"{prefix}{f.name}"
-        if isinstance(value, (list, dict)) and value:
-            _check_items(value, hints[f.name], path)
-        if dataclasses.is_dataclass(value):
-            check_bounds(value, f"{path}.")
-        elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
-            for i, item in enumerate(value):
-                check_bounds(item, f"{path}[{i}].")
-        elif value is not None:
-            problem = violation(value, f.metadata)
-            if problem:
-                choices = f.metadata.get("choices") or ()
-                suggestion = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
-                key = _item_key(path, value, f.metadata)
-                raise UserError(f"'{key}' {problem}{suggestion}", key=key, hint=f.metadata.get("doc") or None)
+    collect(*(partial(_check_knob, section, f, hints[f.name], prefix) for f in dataclasses.fields(section)))
+
+
+def _check_knob(section: Any, f: dataclasses.Field, tp: Any, prefix: str) -> None:
+    value = getattr(section, f.name)
+    path = f"{prefix}{f.name}"
+    if isinstance(value, (list, dict)) and value:
+        _check_items(value, tp, path)
+    if dataclasses.is_dataclass(value):
+        check_bounds(value, f"{path}.")
+    elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+        collect(*(partial(check_bounds, item, f"{path}[{i}].") for i, item in enumerate(value)))
+    elif value is not None:
+        problem = violation(value, f.metadata)
+        if problem:
+            choices = f.metadata.get("choices") or ()
+            suggestion = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
+            key = _item_key(path, value, f.metadata)
+            raise UserError(f"'{key}' {problem}{suggestion}", key=key, hint=f.metadata.get("doc") or None)
 
 
 def _item_key(path: str, value: Any, meta: dict) -> str:
