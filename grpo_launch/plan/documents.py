@@ -45,10 +45,8 @@ def deepspeed_config(config: Config, device: Device) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
     if z.offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
-    if z.contiguous_gradients is not None:
-        zero["contiguous_gradients"] = z.contiguous_gradients
-    if z.overlap_comm is not None:
-        zero["overlap_comm"] = z.overlap_comm
+    zero |= {k: v for k, v in (("contiguous_gradients", z.contiguous_gradients), ("overlap_comm", z.overlap_comm))
+             if v is not None}
     if z.stage == 3:
         zero.update({"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
                      "stage3_param_persistence_threshold": "auto",

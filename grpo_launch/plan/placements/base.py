@@ -84,11 +84,8 @@ class Placement(ABC):
         """How the model's settings reach TRL: its own `dtype` field where the config class has one, else the
         from_pretrained keywords of `model_init_kwargs`."""
         m = config.model
-        init: dict[str, Any] = {}
-        if m.revision is not None:
-            init["revision"] = m.revision
-        if m.attn_implementation is not None:
-            init["attn_implementation"] = m.attn_implementation
+        init: dict[str, Any] = {k: v for k, v in (("revision", m.revision),
+                                                   ("attn_implementation", m.attn_implementation)) if v is not None}
         args: dict[str, Any] = {"trust_remote_code": m.trust_remote_code}
         if trl_fields.has_field(self.trainer_class, "dtype"):
             args["dtype"] = m.dtype
