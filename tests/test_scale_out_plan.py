@@ -246,3 +246,24 @@ def test_run_dry_run_prints_the_job_file_and_its_submission(tmp_path):
     assert "─ job.sbatch ─" in result.stdout and "#SBATCH --nodes=2" in result.stdout
     assert "would then run sbatch --parsable job.sbatch (in the run directory)" in result.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_first_node_failure_names_the_jobs_exit_code(tmp_path, capsys):
+    """Each failed node's record is typed (contracts.failures.NodeFailure); the job passes on the code of the node
+    that failed first, as `python -m grpo_launch.launch --first-failure` prints it for the Slurm job."""
+    from grpo_launch.contracts.failures import NodeFailure, node_failures
+    from grpo_launch.launch.__main__ import main as node_main
+    from grpo_launch.launch.follow import node_failures as followed
+
+    (tmp_path / "logs").mkdir()
+    assert node_main(["--run-dir", str(tmp_path), "--first-failure"]) == 0
+    assert capsys.readouterr().out == "\n"  # none failed: nothing to pass on
+    NodeFailure(1, 143, 2_000, "trainer-node1", "stopped while the trainer runs with code 143").write(tmp_path)
+    NodeFailure(0, 7, 1_000, "trainer-node0", "exited with code 7 (rank 3, at step 2: ValueError: x y)").write(tmp_path)
+    (tmp_path / "logs" / "node-2.failure.json").write_text("{")  # a node killed while writing its record
+    assert [f.node for f in node_failures(tmp_path)] == [0, 1]
+    assert node_main(["--run-dir", str(tmp_path), "--first-failure"]) == 0
+    assert capsys.readouterr().out == "7\n"
+    first = followed(tmp_path)[0]
+    assert (first.process, first.code, str(first)) == ("trainer-node0", 7, "trainer-node0 exited with code 7 (rank 3, "
+                                                                          "at step 2: ValueError: x y)")
