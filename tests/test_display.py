@@ -110,6 +110,13 @@ def test_in_a_terminal_the_view_is_redrawn_in_place(tmp_path):
     assert "trainer │ [grpo-launch] rank 0 of 2" in text and "{'loss'" not in text
 
 
+def wait_until(condition, within_s: float = 30) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "waited in vain"
+        time.sleep(0.01)
+
+
 def test_the_curve_is_drawn_once_training_logs_its_closing_record(tmp_path):
     """While the trainer's processes tear down, not after: the plotter draws on the closing record by itself."""
     from grpo_launch.launch.curves import CurvePlotter
@@ -118,8 +125,8 @@ def test_the_curve_is_drawn_once_training_logs_its_closing_record(tmp_path):
     records(metrics, range(1, 4), total=3)  # a resumed run's earlier segment: its closing record is old
     plotter = CurvePlotter(tmp_path, "test")
     records(metrics, range(4, 8))
-    time.sleep(0.6)
-    assert plotter.curve is None  # still training
+    wait_until(lambda: plotter.records_read == 4 or not plotter.thread.is_alive())
+    assert plotter.thread.is_alive() and plotter.curve is None  # it read the steps, and waits: still training
     records(metrics, [], total=7)
     plotter.thread.join(timeout=30)
     assert not plotter.thread.is_alive() and plotter.curve == tmp_path / "reward_curve.png"

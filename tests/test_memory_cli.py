@@ -17,7 +17,7 @@ def test_every_shipped_recipe_fits(recipe):
 
 
 def test_qwen72b_colocate_shows_both_tables_and_fits():
-    result = grpo("plan", "recipe=qwen72b-colocate", env=WIDE)
+    result = grpo("plan", "recipe=qwen72b-colocate", "--memory", env=WIDE)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "memory per GPU" in out and "host memory per node" in out

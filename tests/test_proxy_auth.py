@@ -126,14 +126,14 @@ def test_trl_async_clients_carry_the_key_the_trainer_puts_in_the_url(monkeypatch
 
 
 def test_the_supervisor_probes_a_keyed_proxy_with_its_key(monkeypatch):
-    from grpo_launch.launch.supervisor import _url_ok
+    from grpo_launch.launch.supervisor import probe
 
     async def scenario():
         async with fleet(1, client_api_key=CLIENT_KEY) as f:
             monkeypatch.delenv("GRPO_TEST_PROXY_KEY", raising=False)
-            assert not await asyncio.to_thread(_url_ok, f.url + "/health", "GRPO_TEST_PROXY_KEY")
+            assert await probe(f.url + "/health", 5, "GRPO_TEST_PROXY_KEY") == 401
             monkeypatch.setenv("GRPO_TEST_PROXY_KEY", CLIENT_KEY)
-            assert await asyncio.to_thread(_url_ok, f.url + "/health", "GRPO_TEST_PROXY_KEY")
+            assert await probe(f.url + "/health", 5, "GRPO_TEST_PROXY_KEY") == 200
     asyncio.run(scenario())
 
 

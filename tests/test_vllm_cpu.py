@@ -51,6 +51,54 @@ def test_a_server_that_fails_to_start_stops_the_run(tmp_path):
     assert {p.pid for p in vllm_processes()} <= before  # nothing of it is left
 
 
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_sigkill_of_grpo_leaves_no_process(tmp_path):
+    """`grpo run` of tiny-cpu-server killed by SIGKILL once the vLLM server is ready and both trainer ranks run: its
+    watchdog ends every process group, so nothing is left of the server (its API server and the EngineCore process
+    under it), of accelerate's launcher or of its ranks."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
+                             "recipe=tiny-cpu-server", f"run.root={tmp_path / 'runs'}", "--grace", "5"],
+                            cwd=tmp_path, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen, ranks = [], set()
+    for line in proc.stdout:  # what the run says, not a guessed delay: the server is ready, both ranks started
+        seen.append(line)
+        ranks |= set(re.findall(r"\[grpo-launch\] rank (\d) of 2", line))
+        if ranks == {"0", "1"}:
+            break
+    assert ranks == {"0", "1"}, "".join(seen)[-3000:]
+    assert any("vllm is ready" in line for line in seen)
+    descendants = psutil.Process(proc.pid).children(recursive=True)
+    commands = {p.pid: " ".join(p.cmdline()) for p in descendants}
+    names = " ".join(commands.values())
+    assert "vllm serve" in names and "accelerate" in names and "grpo_launch.trainer" in names, names
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 60  # SIGTERM, the 5 s grace, SIGKILL
+    left = descendants
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = [p for p in left if alive(p)]
+    survivors = [commands[p.pid] for p in left]
+    for p in left:  # what the test found is not left for the next one
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    assert not survivors
+
+
 def test_a_vllm_recipe_without_vllm_installed_is_refused_before_it_starts(tmp_path, monkeypatch, capsys):
     def missing(name):
         if name == "vllm":

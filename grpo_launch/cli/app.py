@@ -36,6 +36,22 @@ RecipesDirOption = typer.Option(
          "repeatable. $GRPO_RECIPES_PATH adds more.")
 
 
+def recipe_arguments(overrides: list[str], recipes_dir: list[str]) -> tuple[list[str], list[str]]:
+    """The overrides and recipe directories with a recipe file's path (`grpo plan ./my-recipe.yaml`, as TRL's
+    `--config FILE`) turned into `recipe=NAME` and the directory that holds it, ahead of the others."""
+    from grpo_launch.compose import cache, recipes
+    from grpo_launch.errors import UserError
+
+    files = [o for o in overrides if recipes.names_recipe_file(o)]
+    if not files:
+        return overrides, recipes_dir
+    if len(files) > 1:
+        raise UserError(f"two recipe files ({files[0]}, {files[1]}): a plan composes one recipe", key="recipe",
+                        hint="give one recipe file, and set keys with KEY=VALUE")
+    name, directory = recipes.recipe_file(files[0], cache.cache_dir() / "recipe-files")
+    return [f"recipe={name}" if o == files[0] else o for o in overrides], [str(directory), *recipes_dir]
+
+
 def versions() -> list[tuple[str, str | None]]:
     """grpo-launch's version and those of the stack it finds installed (None: not installed), read from the
     installed metadata: nothing is imported, so `grpo --version` stays instant on a GPU node too."""

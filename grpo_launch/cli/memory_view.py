@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from grpo_launch.cli.console import counted
 from grpo_launch.contracts.memory import Budget, MemoryEstimate, parameter_count
 from grpo_launch.contracts.shell import shell_line
 from grpo_launch.plan.advisor import RANKING, Advice
@@ -49,7 +50,7 @@ def _table(title: str, budgets: tuple[Budget, ...], unit: str) -> Table:
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("how", style="dim", overflow="fold")
     for budget in budgets:
-        count = f"{len(budget.members)} {unit}{'s' if len(budget.members) > 1 else ''}"
+        count = counted(len(budget.members), unit)
         table.add_row(Text(f"{budget.role} · {count} · {where(budget)}", style="bold"), *[""] * len(phase_names), "")
         phases = {p.name: {c.name: c for c in p.components} for p in budget.phases}
         names = list(dict.fromkeys(c.name for p in budget.phases for c in p.components))
@@ -77,7 +78,23 @@ def _table(title: str, budgets: tuple[Budget, ...], unit: str) -> Table:
     return table
 
 
-def print_memory(memory: MemoryEstimate | None, console: Console) -> None:
+def _verdict(kind: str, budgets: tuple[Budget, ...]) -> Text:
+    """One line for a kind of memory (the GPUs', the nodes' host memory): the devices that do not fit, else the
+    tightest."""
+    misfits = [b for b in budgets if not b.fits]
+    shown = misfits or [min(budgets, key=lambda b: b.headroom_gib)]
+    line = Text(f"  {kind:<9}")
+    line.append(*("DOES NOT FIT", "bold red") if misfits else ("fits", "green"))
+    for b in shown:
+        line.append(f" · {b.role} · {where(b)}: {b.binding.name} {b.peak_gib:.1f} of {b.capacity_gib:g} GiB")
+        line.append(f", headroom {b.headroom_gib:.1f}" if b.fits else "")
+        for problem in b.problems:
+            line.append(f"; {problem}", style="red")
+    return line
+
+
+def print_memory(memory: MemoryEstimate | None, console: Console, *, tables: bool = False) -> None:
+    """The estimate: a verdict line per kind of device, or with `tables` every device's phases and components."""
     if memory is None:
         return
     for note in memory.notes:
@@ -86,9 +103,16 @@ def print_memory(memory: MemoryEstimate | None, console: Console) -> None:
         return
     trainable = "" if memory.trainable_parameters == memory.parameters else \
         f", {parameter_count(memory.trainable_parameters)} trainable (LoRA)"
+    more = "" if tables else " [dim](--memory: every device and phase)[/]"
     console.print(f"[bold]memory[/]    {escape(memory.model)} ({escape(memory.source)}): "
                   f"{parameter_count(memory.parameters)} "
-                  f"parameters{trainable}; " + ("[green]fits[/]" if memory.fits else "[bold red]does not fit[/]"))
+                  f"parameters{trainable}; " + ("[green]fits[/]" if memory.fits else "[bold red]does not fit[/]")
+                  + more)
+    if not tables:
+        for kind, budgets in (("GPU", memory.gpus), ("host", memory.hosts)):
+            if budgets:
+                console.print(_verdict(kind, budgets))
+        return
     if memory.gpus:
         console.print(_table("memory per GPU (peak of each phase)", memory.gpus, "GPU"))
     console.print(_table("host memory per node", memory.hosts, "node"))

@@ -6,14 +6,16 @@ import json
 
 import typer
 
-from grpo_launch.cli.app import RecipesDirOption, app
+from grpo_launch.cli.app import RecipesDirOption, app, recipe_arguments
 
 EXAMPLES = """
 [bold]Examples[/]
 
   grpo plan                                        the embedded CPU recipe (tiny-cpu)
   grpo plan recipe=qwen72b-colocate                32 ranks on 4 nodes, vLLM TP 8 colocated, sleep level 2
+  grpo plan recipe=qwen72b-colocate --memory       with every GPU's and node's memory, phase by phase
   grpo plan recipe=qwen7b-server vllm.tensor_parallel_size=4 trainer.learning_rate=2e-6
+  grpo plan ./my-recipe.yaml trainer.learning_rate=2e-6   a recipe file by its path
   grpo plan recipe=qwen1.5b-colocate zero=3 --json | jq '.processes[].argv'
   grpo plan recipe=qwen72b-colocate --dry-run      also print every file grpo run would write
   grpo plan recipe=qwen72b-colocate zero=2 --suggest   why it does not fit, and three layouts that do
@@ -29,11 +31,14 @@ commands) and scheduler.slurm.sbatch (sbatch options), which run as written. Pas
 @app.command(epilog=EXAMPLES)
 def plan(
     overrides: list[str] | None = typer.Argument(
-        None, metavar="[recipe=NAME] [KEY=VALUE]...",
-        help="Hydra overrides: recipe=NAME, a group option (placement=server, zero=3-offload, cluster=...), "
-             "or any key (vllm.tensor_parallel_size=4, trainer.learning_rate=1e-6)."),
+        None, metavar="[recipe=NAME | RECIPE.yaml] [KEY=VALUE]...",
+        help="Hydra overrides: recipe=NAME (or the path of a recipe file), a group option (placement=server, "
+             "zero=3-offload, cluster=...), or any key (vllm.tensor_parallel_size=4, trainer.learning_rate=1e-6)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON (a stable contract) instead."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Also print the full text of every generated file."),
+    memory: bool = typer.Option(False, "--memory", help="Show the memory estimate in full: every GPU and node, "
+                                "each phase, what it holds (by default one verdict line for the GPUs and one for "
+                                "the nodes' host memory)."),
     suggest: bool = typer.Option(False, "--suggest", help="Also search the knobs left free (placement, ZeRO and "
                                  "offload, vLLM TP, sleep level, gpu_memory_utilization, micro-batch) for the best "
                                  "three layouts that fit in memory, with the overrides to apply."),
@@ -58,12 +63,13 @@ def plan(
     from grpo_launch.errors import UserError
     from grpo_launch.plan import build_plan
 
+    overrides, recipes_dir = recipe_arguments(overrides or [], recipes_dir or [])
     if multirun:
-        return _sweep(overrides or [], recipes_dir or [], as_json=as_json, sort=sort, dry_run=dry_run,
-                      suggest=suggest, limit=max_combinations)
+        return _sweep(overrides, recipes_dir, as_json=as_json, sort=sort, dry_run=dry_run, suggest=suggest,
+                      memory=memory, limit=max_combinations)
     if sort is not None:
         raise UserError("--sort orders the rows of a sweep", key="--sort", hint="use it with -m")
-    composed = compose(overrides or [], recipes_dir or [])
+    composed = compose(overrides, recipes_dir)
     the_plan = build_plan(composed)
     advice = None
     if suggest or not (force or the_plan.memory.fits):
@@ -81,33 +87,31 @@ def plan(
             data["left_to_run"] = [{"key": c.key, "check": c.what} for c in left]
         typer.echo(json.dumps(data, indent=2))
     else:
-        from rich.console import Console
         from rich.text import Text
 
+        from grpo_launch.cli.console import console as plain_console
         from grpo_launch.cli.plan_view import print_plan
 
-        console = Console(highlight=False)
-        print_plan(the_plan, show_files=dry_run, console=console)
+        console = plain_console()
+        print_plan(the_plan, show_files=dry_run, memory_tables=memory or suggest, console=console)
         for c in left:
             console.print(Text.assemble(("left to grpo run", "bold"), f" (it reads your files) {c.key}: {c.what}"),
                           soft_wrap=True)
         if suggest:
-            from rich.console import Console
-
             from grpo_launch.cli.memory_view import print_advice
 
-            print_advice(advice, Console(highlight=False))
+            print_advice(advice, console)
     if suggest and not force:
         check_fit(composed, the_plan, advice)
 
 
 def _sweep(overrides: list[str], recipes_dir: list[str], *, as_json: bool, sort: str | None, dry_run: bool,
-           suggest: bool, limit: int | None) -> None:
+           suggest: bool, memory: bool, limit: int | None) -> None:
     from grpo_launch.compose.sweep import MAX_COMBINATIONS, compose_sweep
     from grpo_launch.errors import UserError
     from grpo_launch.plan.sweep import plan_sweep, sort_rows
 
-    for flag, given in (("--dry-run", dry_run), ("--suggest", suggest)):
+    for flag, given in (("--dry-run", dry_run), ("--suggest", suggest), ("--memory", memory)):
         if given:
             raise UserError(f"{flag} shows one plan; -m compares many", key=flag,
                             hint=f"pick a row of the sweep and run grpo plan {flag} with its overrides")

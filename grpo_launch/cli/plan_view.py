@@ -7,6 +7,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from grpo_launch.cli.console import console as plain_console
+from grpo_launch.cli.console import counted, rule
 from grpo_launch.cli.memory_view import print_memory
 from grpo_launch.cli.prediction_view import print_prediction
 from grpo_launch.contracts.plan import Plan, VllmSettings
@@ -34,14 +36,31 @@ def _grid(plan: Plan) -> Table:
 
 
 def processes_table(plan: Plan) -> Table:
+    """A row per process. A CPU plan's processes hold no GPU (CUDA_VISIBLE_DEVICES=''): no GPUs column there."""
+    on_gpus = plan.device.gpus
     table = Table(box=None, pad_edge=False, header_style="bold", show_header=True)
-    for col in ("process", "node", "GPUs", "port", "waits for", "command"):
+    for col in ("process", "node", *["GPUs"] * on_gpus, "port", "waits for", "command"):
         table.add_column(col, overflow="fold", no_wrap=col != "command")
     for p in plan.processes:
-        gpus = ",".join(map(str, p.gpus)) if p.gpus else "-"
-        table.add_row(Text(p.name, style=ROLE_STYLE.get(p.role, "")), str(p.node), gpus,
+        gpus = [",".join(map(str, p.gpus)) if p.gpus else "-"] * on_gpus
+        table.add_row(Text(p.name, style=ROLE_STYLE.get(p.role, "")), str(p.node), *gpus,
                       str(p.port or "-"), Text(", ".join(p.depends_on) or "-"), Text(command_line(p)))
     return table
+
+
+def bounds_line(plan: Plan) -> str:
+    """How long the supervisor waits for what (plan.json has each process's own values)."""
+    parts = [f"{p.name} ready within {p.ready_timeout_s:g} s" for p in plan.processes if p.ready_timeout_s]
+    watched = [p for p in plan.processes if p.liveness]
+    if watched:
+        live = watched[0].liveness
+        parts.append(f"a ready server is dead after {live.failures} unanswered probes in a row, one every "
+                     f"{live.interval_s:g} s (noticed within {live.bound_s:g} s)")
+    exits = {p.exit_timeout_s for p in plan.processes if p.exit_timeout_s}
+    if exits:
+        parts.append(f"trainer nodes exit within {max(exits):g} s of each other")
+    parts += [f"prepare {step.name} within {step.timeout_s:g} s" for step in plan.prepare]
+    return "; ".join(parts)
 
 
 def _scheduler(plan: Plan, console: Console) -> None:
@@ -72,13 +91,17 @@ def vllm_settings_line(v: VllmSettings) -> str:
     return ", ".join(f"{k}={val}" for k, val in v.items())
 
 
-def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None = None) -> None:
-    console = console or Console(highlight=False)
-    d = plan.device
-    devices = f"{d.slot} ({plan.gpu_type} {plan.gpu_memory_gib:g}GB)" if d.gpus else d.slot
-    console.print(f"[bold]{escape(plan.recipe)}[/] " + escape(f"· placement={plan.placement} · {plan.nodes} node × "
-                                                             f"{plan.gpus_per_node} {devices} · {plan.parallelism} · "
-                                                             f"{plan.launcher} · {plan.world_size} trainer rank(s)"))
+def print_plan(plan: Plan, *, show_files: bool = False, memory_tables: bool = False,
+               console: Console | None = None) -> None:
+    """The plan, compact: the memory estimate as a verdict line per kind of memory unless `memory_tables`."""
+    console = console or plain_console()
+    devices = counted(plan.gpus_per_node, plan.device.slot)
+    if plan.device.gpus:
+        devices += f" ({plan.gpu_type} {plan.gpu_memory_gib:g}GB)"
+    console.print(f"[bold]{escape(plan.recipe)}[/] " + escape(f"· placement={plan.placement} · "
+                                                             f"{counted(plan.nodes, 'node')} × {devices} · "
+                                                             f"{plan.parallelism} · {plan.launcher} · "
+                                                             f"{counted(plan.world_size, 'trainer rank')}"))
     console.print()
     console.print(_grid(plan))
     console.print()
@@ -92,10 +115,12 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
                   escape(", ".join(f"{k}={val!r}" for k, val in plan.trainer_args.items())) + ")")
     console.print()
     console.print(processes_table(plan))
+    if bounds := bounds_line(plan):
+        console.print(f"[bold]bounds[/]    {bounds}")
     console.print()
     _scheduler(plan, console)
     console.print()
-    print_memory(plan.memory, console)
+    print_memory(plan.memory, console, tables=memory_tables)
     console.print()
     print_prediction(plan.prediction, console)
     console.print()
@@ -104,5 +129,5 @@ def print_plan(plan: Plan, *, show_files: bool = False, console: Console | None 
         console.print(f"[yellow]warning:[/] {escape(warning)}")
     if show_files:
         for name, document in plan.files.items():
-            console.rule(escape(name))
+            rule(console, escape(name))
             console.print(document_text(name, document), markup=False, soft_wrap=True)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from grpo_launch.cli.app import GraceOption, RecipesDirOption, app
+from grpo_launch.cli.app import GraceOption, RecipesDirOption, app, recipe_arguments
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,15 +44,17 @@ def rehearse(
     """Rehearse a recipe: show its real plan, run its process graph small on this CPU machine (a tiny model of the
     family, 2 steps, at most 2 loopback nodes, real vLLM, the recipe's rewards and data), and report each feature
     as kept, shrunk (from -> to) or could not (why). Exits 0 only when the rehearsal run succeeded."""
-    code = rehearse_recipe(list(overrides or []), list(recipes_dir or []), grace_s=grace_s, verbose=verbose)
+    overrides, dirs = recipe_arguments(list(overrides or []), list(recipes_dir or []))
+    code = rehearse_recipe(overrides, dirs, grace_s=grace_s, verbose=verbose)
     if code:
         raise typer.Exit(code)
 
 
 def rehearse_recipe(overrides: list[str], dirs: list[str], *, grace_s: float, verbose: bool) -> int:
-    from rich.console import Console
     from rich.markup import escape
 
+    from grpo_launch.cli.console import console as plain_console
+    from grpo_launch.cli.console import rule
     from grpo_launch.cli.launching import launch_local, nodes_to_run, submit
     from grpo_launch.cli.plan_view import print_plan, processes_table
     from grpo_launch.cli.user_files import check_user_files
@@ -62,11 +64,11 @@ def rehearse_recipe(overrides: list[str], dirs: list[str], *, grace_s: float, ve
     from grpo_launch.plan.advisor import check_fit
     from grpo_launch.plan.rehearse import derive, processes_feature
 
-    console = Console(highlight=False)
+    console = plain_console()
     composed = anchored(compose(overrides, dirs, store=False), Path.cwd())
     real = build_plan(composed)
     check_user_files(composed, real)
-    console.rule(escape(f"the recipe: {composed.recipe}"))
+    rule(console, escape(f"the recipe: {composed.recipe}"))
     print_plan(real, console=console)
     if not real.memory.fits:
         console.print("[bold red]the recipe's own plan does not fit in memory[/] (above): the rehearsal runs its "
@@ -78,7 +80,7 @@ def rehearse_recipe(overrides: list[str], dirs: list[str], *, grace_s: float, ve
     the_plan = dataclasses.replace(the_plan, files={**the_plan.files, **rehearsal.files})
     check_fit(rehearsed, the_plan)
     features = (*rehearsal.features, processes_feature(real, the_plan))
-    console.rule(escape(f"the rehearsal: {rehearsed.recipe}"))
+    rule(console, escape(f"the rehearsal: {rehearsed.recipe}"))
     console.print(processes_table(the_plan))
     target = new_run_dir(rehearsed)
     # This process's own caches stay out of ~ too: matplotlib's fonts (for the reward curve) go into the run
@@ -102,9 +104,10 @@ def print_report(console: Console, recipe: str, features: tuple[Feature, ...], c
     from rich.table import Table
     from rich.text import Text
 
+    from grpo_launch.cli.console import rule
     from grpo_launch.launch import curves
 
-    console.rule(escape(f"rehearsal report: {recipe}"))
+    rule(console, escape(f"rehearsal report: {recipe}"))
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("feature", "the recipe", "the rehearsal", "status", "why"):
         table.add_column(column, overflow="fold")

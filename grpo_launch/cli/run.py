@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from grpo_launch.cli.app import GraceOption, RecipesDirOption, app
+from grpo_launch.cli.app import GraceOption, RecipesDirOption, app, recipe_arguments
 
 EXAMPLES = """
 [bold]Examples[/]
@@ -84,7 +84,7 @@ def _resumed(run_dir: Path, overrides: list[str], recipes_dir: list[str]) -> tup
 @app.command(epilog=EXAMPLES)
 def run(
     overrides: list[str] | None = typer.Argument(
-        None, metavar="[recipe=NAME] [KEY=VALUE]...", help="Hydra overrides, as for `grpo plan`."),
+        None, metavar="[recipe=NAME | RECIPE.yaml] [KEY=VALUE]...", help="Hydra overrides, as for `grpo plan`."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every command and file; write and start nothing."),
     resume: Path | None = typer.Option(
         None, "--resume", metavar="RUN_DIR", help="Continue a run from its newest checkpoint, with its stored "
@@ -106,10 +106,11 @@ def run(
     recipes_dir: list[str] | None = RecipesDirOption,
 ) -> None:
     """Train: write the run directory, start every process of the plan in order, stop them all together."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.text import Text
 
+    from grpo_launch.cli.console import console as plain_console
+    from grpo_launch.cli.console import rule
     from grpo_launch.cli.user_files import check_user_files
     from grpo_launch.compose import anchored, compose
     from grpo_launch.contracts.shell import shell_line
@@ -122,7 +123,7 @@ def run(
                         "combination side by side", key="-m",
                         hint=f"{shell_line(['grpo', 'plan', '-m', *(overrides or [])])}, then grpo run with the "
                              f"overrides of the row you pick")
-    overrides, dirs = list(overrides or []), list(recipes_dir or [])
+    overrides, dirs = recipe_arguments(list(overrides or []), list(recipes_dir or []))
     if rehearse:
         from grpo_launch.cli.rehearse import rehearse_recipe
 
@@ -157,7 +158,7 @@ def run(
         check_run_dir(composed, target)
     except UserError as e:
         raise composed.origins.locate(e, composed.config) from None
-    console = Console(highlight=False)
+    console = plain_console()
     if dry_run:
         if the_plan.scheduler.kind == "local":  # what `grpo run` checks on this machine before it starts anything
             from grpo_launch.launch.node import prepare_node
@@ -173,7 +174,7 @@ def run(
             console.print(Text.assemble(("start", "bold"), f" {p.name} (node {p.node}): {command_line(p)}"),
                           soft_wrap=True)
         for name, text in run_files(composed, the_plan, dirs).items():
-            console.rule(escape(name))
+            rule(console, escape(name))
             console.print(text, markup=False, soft_wrap=True)
         if the_plan.scheduler.submit:
             console.print(Text.assemble(("would then run", "bold"),

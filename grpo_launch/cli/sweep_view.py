@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -10,9 +10,16 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from grpo_launch.cli.console import console as plain_console
+from grpo_launch.cli.console import counted
 from grpo_launch.cli.prediction_view import hours
+from grpo_launch.compose.grammar import parse_override
+from grpo_launch.compose.recipes import GROUPS
 from grpo_launch.plan.advisor import RANKING
 from grpo_launch.plan.sweep import Row
+
+if TYPE_CHECKING:
+    from grpo_launch.compose.sweep import Combination
 
 NOTE_WIDTH = 32
 
@@ -60,13 +67,22 @@ def _table(keys: tuple[str, ...], rows: list[Row], *, numbered: bool, notes: boo
     return table
 
 
+def summary(rows: list[Row]) -> str:
+    """'12 fit, 3 refused (1 for memory)': every row counted once, as fitting, refused (a rule it breaks, or memory
+    it does not have) or not sized (a model whose size the estimate does not know)."""
+    fit = sum(r.fits is True for r in rows)
+    memory = sum(r.fits is False for r in rows)
+    unsized = sum(r.plan is not None and r.fits is None for r in rows)
+    refused = len(rows) - fit - unsized
+    text = f"{fit} fit, {refused} refused" + (f" ({memory} for memory)" if memory else "")
+    return text + (f", {unsized} not sized (memory not estimated)" if unsized else "")
+
+
 def print_sweep(keys: tuple[str, ...], rows: list[Row], console: Console | None = None) -> None:
-    console = console or Console(highlight=False)
+    console = console or plain_console()
     planned = [r for r in rows if r.plan is not None]
-    fitting = [r for r in planned if r.fits]
     swept = escape(", ".join(keys) or "(nothing swept)")
-    console.print(f"[bold]{len(rows)} combination{'s' * (len(rows) != 1)}[/] of {swept} · {len(planned)} planned, "
-                  f"{len(fitting)} fit, {len(rows) - len(planned)} refused")
+    console.print(f"[bold]{counted(len(rows), 'combination')}[/] of {swept} · {summary(rows)}")
     # The notes (why a layout is refused, its first warning) in a column when the terminal is wide enough, else
     # below the table by row number: a reason folded into a few characters' width cannot be read.
     bare = _table(keys, rows, numbered=False, notes=False)
@@ -85,11 +101,18 @@ def print_sweep(keys: tuple[str, ...], rows: list[Row], console: Console | None 
         console.print(f"[dim]{note}[/]")
 
 
+def typed_values(keys: tuple[str, ...], combination: Combination) -> dict[str, Any]:
+    """The swept values as the overrides give them to the plan: `vllm.tensor_parallel_size=4` an integer,
+    `trainer.learning_rate=1e-6` a number; a group's option (`zero=3`) is the name of its file."""
+    given = {o.key_or_group: o for o in map(parse_override, combination.overrides)}
+    return {key: str(given[key].value()) if key in GROUPS else given[key].value() for key in keys}
+
+
 def sweep_json(keys: tuple[str, ...], rows: list[Row]) -> list[dict[str, Any]]:
     """Each combination's plan (plan.json's contract) or error, in the table's order."""
     out = []
     for row in rows:
-        entry: dict[str, Any] = {"values": dict(zip(keys, row.combination.values, strict=True)),
+        entry: dict[str, Any] = {"values": typed_values(keys, row.combination),
                                  "overrides": list(row.combination.overrides)}
         if row.error is not None:
             entry["error"] = {"message": row.error.message, "key": row.error.key, "hint": row.error.hint}

@@ -7,6 +7,7 @@ Search order (the first directory holding a file wins, so a user recipe shadows 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Sequence
@@ -126,6 +127,56 @@ def yaml_problem(e: Exception) -> str:
 
 
 RECIPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what `recipe=NAME` can select
+RECIPE_FILE_SUFFIXES = (".yaml", ".yml")
+GLOBAL_PACKAGE = re.compile(r"^\s*#\s*@package\s+_global_\s*$", re.MULTILINE)
+
+
+def names_recipe_file(argument: str) -> bool:
+    """Whether a command-line argument is the path of a recipe file (`grpo plan ./my-recipe.yaml`), not an
+    override: no '=', and a YAML file's suffix."""
+    return "=" not in argument and argument.endswith(RECIPE_FILE_SUFFIXES)
+
+
+def recipe_file(argument: str, links: Path) -> tuple[str, Path]:
+    """The recipe a path names, as (its name, a recipe directory that holds it): `DIR/recipe/NAME.yaml` is recipe
+    NAME of DIR; a file anywhere else is linked (not copied: an edit shows) as `<links>/<digest>/recipe/NAME.yaml`,
+    so Hydra, the composition cache and the origins of values read it like any recipe on the search path."""
+    path = Path(argument).expanduser()
+    if not path.is_file():
+        raise UserError(f"recipe file {argument} does not exist", key="recipe",
+                        hint="give the path of a recipe file, or recipe=NAME for a recipe on the search path "
+                             "(`grpo recipes` lists them)")
+    name = path.stem
+    if not RECIPE_NAME.fullmatch(name):
+        raise UserError(f"recipe file {argument}: '{name}' is not a usable recipe name", key="recipe",
+                        hint="rename the file: letters, digits, '-', '_' and '.', starting with a letter or digit")
+    try:
+        text = path.read_text()
+    except (OSError, ValueError) as e:
+        raise UserError(f"recipe file {argument} cannot be read: {yaml_problem(e)}", key="recipe") from None
+    if not GLOBAL_PACKAGE.search(text):
+        raise UserError(f"recipe file {argument} does not start with '# @package _global_': Hydra would read its "
+                        f"keys under 'recipe.'", key="recipe",
+                        hint="start it as the shipped recipes do (`grpo recipes new NAME --from tiny-cpu` writes one "
+                             "to edit): '# @package _global_', a defaults list of group options, then the keys; "
+                             "TRL's arguments go under 'trainer:'")
+    path = path.resolve()
+    if path.parent.name == "recipe" and path.suffix == ".yaml":
+        return name, path.parent.parent
+    holder = links / hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    link = holder / "recipe" / f"{name}.yaml"
+    if not (link.is_symlink() and link.resolve() == path):
+        try:
+            link.parent.mkdir(parents=True, exist_ok=True)
+            tmp = link.with_name(f".{name}.{os.getpid()}.tmp")
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(path)
+            tmp.replace(link)
+        except OSError as e:
+            raise UserError(f"recipe file {argument}: cannot link it into {holder}: {e.strerror}", key="recipe",
+                            hint=f"move it to DIR/recipe/{name}.yaml and use --recipes-dir DIR recipe={name}"
+                            ) from None
+    return name, holder
 
 
 def copy_recipe(dirs: Sequence[Path], source: str, name: str, dest_root: Path, *, force: bool = False

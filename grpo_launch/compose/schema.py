@@ -155,6 +155,8 @@ class AsyncLora:
                                   "storage).", ge=0)
     max_restarts: int = knob(3, "How often the supervisor restarts a replica that dies (the proxy takes it back "
                                 "once healthy); the next death stops the run.", ge=0)
+    restart_reset_s: float = knob(600.0, "A replica that was ready this long before it died has its restarts "
+                                         "counted anew (max_restarts bounds deaths closer together).", gt=0)
     proxy: Proxy = knob(factory=Proxy, doc="The KV-prefix routing proxy in front of the replicas.")
 
 
@@ -181,6 +183,7 @@ MOVED = {
     "vllm.max_lora_rank": "placement.async_lora.max_lora_rank",
     "vllm.stagger_s": "placement.async_lora.stagger_s",
     "vllm.max_restarts": "placement.async_lora.max_restarts",
+    "vllm.restart_reset_s": "placement.async_lora.restart_reset_s",
     "proxy": "placement.async_lora.proxy",
 }
 
@@ -211,6 +214,15 @@ class Run:
     rendezvous_timeout_s: float = knob(600.0, "Several trainer nodes: how long trainer node 0 waits for the "
                                               "others to join the rendezvous (and they for it) before the run "
                                               "fails.", gt=0)
+    health_interval_s: float = knob(5.0, "Once a server (vLLM, the proxy) is ready, its /health is probed this "
+                                         "often, each probe given as long to answer.", gt=0)
+    health_failures: int = knob(3, "Unanswered /health probes in a row after which a ready server is treated as "
+                                   "dead: restarted if it may be (placement.async_lora.max_restarts), else the run "
+                                   "stops naming it. A wedged server is noticed within health_failures x 2 x "
+                                   "health_interval_s.", ge=1)
+    exit_timeout_s: float = knob(300.0, "Several trainer nodes: once one node's launcher finished, how long the "
+                                        "others may take to exit before the run fails naming them (srun --wait "
+                                        "under Slurm).", gt=0)
 
 
 @dataclass(kw_only=True)

@@ -53,6 +53,10 @@ class Device:
             return {}
         return {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
+    def memory_flags(self, gpu_memory_utilization: float) -> tuple[str, ...]:
+        """`vllm serve`'s share of a GPU; a CPU's KV cache is sized by VLLM_CPU_KVCACHE_SPACE (`engine_env`)."""
+        return ("--gpu-memory-utilization", str(gpu_memory_utilization)) if self.gpus else ()
+
     def serve_flags(self) -> tuple[str, ...]:
         """`vllm serve` flags of the device: TRL's NCCL weight transfer where weights travel that way."""
         if self.dense_weight_sync == WeightSync.TRL:

@@ -52,6 +52,23 @@ class Restart:
 
     max_restarts: int
     backoff_s: float = 1.0
+    reset_after_s: float | None = None         # ready this long before it dies: its restarts are counted anew
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How the supervisor watches a process once it is ready: its readiness URL probed every `interval_s`, each
+    probe given `timeout_s` to answer (any HTTP status is an answer); `failures` probes in a row unanswered and it is
+    treated as dead (restarted if its `restart` allows, else the run stops naming it)."""
+
+    interval_s: float
+    timeout_s: float
+    failures: int
+
+    @property
+    def bound_s(self) -> float:
+        """The longest a process may stop answering (wedged, or gone on another node) before it is noticed."""
+        return self.failures * (self.interval_s + self.timeout_s)
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,9 @@ class ProcessSpec:
     metrics_url: str | None = None             # Prometheus text, kept in logs/<name>.metrics when the run stops
     probe_key_env: str | None = None           # readiness and metrics requests send this variable's value as a
                                                # Bearer key (a proxy that requires a client key)
+    liveness: Liveness | None = None           # once ready: probed, and dead after failing probes in a row
+    exit_timeout_s: float | None = None        # trainer launchers of several nodes: once one finished, the others
+                                               # exit within this, or the run fails naming them
 
 
 @dataclass(frozen=True)
@@ -95,6 +115,7 @@ class PrepareStep:
     argv: tuple[str, ...]
     creates: str
     cache_key: str | None = None
+    timeout_s: float = 600.0                   # a step that runs longer fails the run
 
 
 @dataclass(frozen=True)

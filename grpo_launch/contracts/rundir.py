@@ -17,5 +17,6 @@ NODE_FAILURES = "node-{node}.failure.json"  # under logs/: a node's first failur
 PREPARE_LOCK = ".prepare.lock"    # nodes sharing a run directory take turns at the prepare steps
 WEIGHT_SYNC_DIR = "weight-sync"   # weights the trainer writes for vLLM to reload (CPU runs), rewritten every step
 TRAINER_FAILURE = "trainer-rank{rank}.failure.json"  # under logs/: a trainer rank's exception, phase and step
+WATCHDOG_LOG = "watchdog.log"      # under logs/: what the watchdog did when the supervisor died without stopping
 CHECKPOINTS_DIR = "checkpoints"   # the trainer's output_dir unless trainer.output_dir says otherwise
 FINAL_MODEL_DIR = "final"         # under the output_dir: the trained model (or adapter) once training ends

@@ -91,6 +91,7 @@ class CurvePlotter:
         self.title = title
         self.tail = MetricsTail(run_dir / METRICS_FILE, from_end=True)  # a resumed run's earlier records are old
         self.finishing = threading.Event()
+        self.records_read = 0  # training records read while waiting for the closing one
         self.curve: Path | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._draw, name="reward-curve", daemon=True)
@@ -100,8 +101,10 @@ class CurvePlotter:
         try:
             _pyplot()
             while not self.finishing.wait(POLL_S):
-                if any(CLOSING_KEY in r for r in self.tail.new_records()):
+                records = self.tail.new_records()
+                if any(CLOSING_KEY in r for r in records):
                     break
+                self.records_read += len(records)
             records = read_metrics(self.run_dir)
             self.curve = plot(self.run_dir, records, self.title) if records else None
         except BaseException as e:  # noqa: BLE001  (raised again by finish, in the caller's thread)

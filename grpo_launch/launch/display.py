@@ -157,27 +157,30 @@ class TrainingView:
 
 
 class _Closable:
-    """The console's stream, which may close under a running job (`grpo run ... | head`, a terminal gone): from the
-    first write that finds it closed, output is dropped. The run goes on; its logs are in the run directory."""
+    """The console's stream, which may close or fail under a running job (`grpo run ... | head`, a terminal or ssh
+    session gone, a full disk under a redirected output): from the first write that fails, output is dropped. The
+    run goes on; its logs are in the run directory. (A write that would only block loses that write alone.)"""
 
     def __init__(self, stream) -> None:
         self.stream = stream
         self.closed = False
 
+    def _attempt(self, call) -> None:
+        if self.closed:
+            return
+        try:
+            call()
+        except BlockingIOError:
+            pass
+        except (OSError, ValueError):  # ValueError: written after the stream object was closed
+            self.closed = True
+
     def write(self, text: str) -> int:
-        if not self.closed:
-            try:
-                self.stream.write(text)
-            except (BrokenPipeError, ValueError):  # ValueError: written after the stream object was closed
-                self.closed = True
+        self._attempt(lambda: self.stream.write(text))
         return len(text)
 
     def flush(self) -> None:
-        if not self.closed:
-            try:
-                self.stream.flush()
-            except (BrokenPipeError, ValueError):
-                self.closed = True
+        self._attempt(self.stream.flush)
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)
@@ -242,8 +245,8 @@ class ConsoleDisplay:
     def not_waiting(self, name: str) -> None:
         self.waits.pop(name, None)
 
-    def restarting(self, name: str, code: int, attempt: int, limit: int) -> None:
-        self.say(f"{name} exited with code {code}: restarting it ({attempt} of {limit})", style="bold yellow")
+    def restarting(self, name: str, why: str, attempt: int, limit: int) -> None:
+        self.say(f"{name} {why}: restarting it ({attempt} of {limit})", style="bold yellow")
 
     def training(self, metrics: Path, total_steps: int) -> None:
         self.view = TrainingView(metrics, total_steps)
@@ -265,11 +268,13 @@ class ConsoleDisplay:
             self.plain_at, self.plain_step = now, view.step
             self.console.print(Text(f"[grpo] {view.plain()}"), soft_wrap=True)
 
-    def stopping(self, presses: int) -> None:
-        if presses == 1:
+    def stopping(self, presses: int, signal_name: str = "SIGINT") -> None:
+        if presses > 1:
+            self.say("killing every process now", style="bold red")
+        elif signal_name == "SIGINT":
             self.say("stopping (Ctrl-C again to kill at once)", style="bold yellow")
         else:
-            self.say("killing every process now", style="bold red")
+            self.say(f"stopping on {signal_name} (a second signal kills at once)", style="bold yellow")
 
     def finished(self, result: RunResult) -> None:
         self.waits.clear()

@@ -65,8 +65,8 @@ class JobFollower:
 
     def _on_signal(self, signum, frame) -> None:
         self.presses += 1
+        self.job.cancel(self.presses)  # before anything is shown: a console that fails must not swallow it
         self.display.stopping(self.presses)
-        self.job.cancel(self.presses)
 
     def _stream(self) -> None:
         for name, tail in self.tails.items():

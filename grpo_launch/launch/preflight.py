@@ -263,5 +263,6 @@ def check_keys_set(plan: Plan) -> None:
     missing = missing_keys(plan, os.environ)
     if missing:
         raise UserError(f"{missing[0]} is not set: the plan's proxy requires the client key it names "
-                        f"(proxy.api_key_env), and the trainer sends it", key="proxy.api_key_env",
+                        f"(placement.async_lora.proxy.api_key_env), and the trainer sends it",
+                        key="placement.async_lora.proxy.api_key_env",
                         hint=f"export {missing[0]}=<key> where grpo runs; it is read by name and never written")

@@ -328,7 +328,9 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
             base = (Component("processes", ranks * per_process, f"{ranks} x {per_process:g} GiB"),) + ((Component(
                 "vLLM engines", engines * (VLLM_CPU_ENGINE_GIB + kv),
                 f"{engines} x ({VLLM_CPU_ENGINE_GIB:g} GiB + KV cache {kv} GiB)"),) if engines else ())
-        if t.device.gpus:
+        if not ranks:  # a node that only serves vLLM holds none of the trainer's states
+            train = []
+        elif t.device.gpus:
             train = [Component(f"offloaded {h.component.name}", ranks * h.component.gib,
                                f"{ranks} ranks x {h.component.detail}") for h in holdings if h.on_host]
         else:  # CPU ranks: everything a rank holds is in host memory

@@ -37,6 +37,7 @@ from grpo_launch.plan.model import prepare_steps, resolve_model
 from grpo_launch.plan.placements import placement_of
 from grpo_launch.plan.placements.base import Placement
 from grpo_launch.plan.secrets import check_secrets
+from grpo_launch.plan.serving import watched
 from grpo_launch.plan.step_time import predict as predict_step_time
 from grpo_launch.plan.trainer_args import build_trainer_args, build_trainer_inputs, check_rewards, check_unmanaged
 from grpo_launch.plan.trainer_launch import trainer_processes
@@ -104,21 +105,21 @@ def _planned(composed: Composed) -> Plan:
     layout = result.layout
     world = layout.world_size
 
-    args = build_trainer_args(ctx, placement, result.trainer_args)
+    shared = sharding(config, fsdp2=result.fsdp2, processes=world)
+    args = build_trainer_args(ctx, placement, result.trainer_args, shared)
     files: dict = {}
     if config.zero.stage:
         files[DEEPSPEED_FILE] = deepspeed_config(config, ctx.device)
         if config.launcher == "torchrun":
             args["deepspeed"] = DEEPSPEED_FILE  # accelerate reads it from accelerate.yaml instead
-    shared = sharding(config, fsdp2=result.fsdp2, processes=world)
     files[ACCELERATE_FILE] = accelerate_config(config, ctx.device, machines=len(layout.trainer_nodes),
                                                processes=world, main_ip=ctx.hosts[layout.trainer_nodes[0]],
                                                shared=shared)
     batch = placement.batch(args, world, result)
 
     secrets = (result.server_key_env,) if result.server_key_env else ()
-    processes = tuple(result.services) + tuple(trainer_processes(ctx, layout, result.trainer_depends_on,
-                                                                 result.trainer_env, secrets))
+    trainers = trainer_processes(ctx, layout, result.trainer_depends_on, result.trainer_env, secrets)
+    processes = watched(config, (*result.services, *trainers))
     prepare = prepare_steps(config, ctx.model)
     files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes)
     scheduled, job_files = ctx.scheduler.job(config, composed.recipe, processes)

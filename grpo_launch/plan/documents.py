@@ -6,9 +6,10 @@ import json
 from typing import Any
 
 from grpo_launch.compose.schema import Config
+from grpo_launch.contracts import hosts
 from grpo_launch.contracts.devices import Device
 from grpo_launch.contracts.plan import Sharding
-from grpo_launch.contracts.rundir import DEEPSPEED_FILE
+from grpo_launch.contracts.rundir import ACCELERATE_FILE, DEEPSPEED_FILE
 from grpo_launch.errors import UserError
 
 # accelerate's distributed_type for each way the trainer ranks share the model.
@@ -65,7 +66,8 @@ def deepspeed_config(config: Config, device: Device) -> dict[str, Any]:
 
 def accelerate_config(config: Config, device: Device, *, machines: int, processes: int, main_ip: str,
                       shared: Sharding) -> dict[str, Any]:
-    """accelerate's config file. Per-node launches add only --machine_rank."""
+    """accelerate's config file. Per-node launches add --machine_rank and --main_process_ip; an address known only
+    where the job runs (`${GRPO_HOST_K}`) stays out of the file written (`document_text`)."""
     doc: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -107,6 +109,25 @@ def accelerate_config(config: Config, device: Device, *, machines: int, processe
     return doc
 
 
+def _accelerate_file(document: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """accelerate.yaml as written: the config without an address known only where the job runs (accelerate would
+    take `${GRPO_HOST_0}` for a host name; one machine needs none), and on several machines a header saying what
+    `accelerate launch --config_file accelerate.yaml` by hand needs."""
+    variables = sorted(hosts.variables_in(document["main_process_ip"]))
+    if variables:
+        document = {k: v for k, v in document.items() if k != "main_process_ip"}
+    machines = document["num_machines"]
+    if machines == 1:
+        return "", document
+    address = " --main_process_ip ADDRESS" if variables else ""
+    lines = [f"On trainer node K (0..{machines - 1}): accelerate launch --config_file {ACCELERATE_FILE} "
+             f"--machine_rank K{address} ... (launch.sh does)."]
+    if variables:
+        lines.append(f"main_process_ip, trainer node 0's address, is known only where the job runs ({variables[0]}): "
+                     f"pass it with --main_process_ip, or add `main_process_ip: ADDRESS` here.")
+    return "".join(f"# {line}\n" for line in lines), document
+
+
 def document_text(name: str, document: Any) -> str:
     """A generated document in its file's format: text as is, YAML for .yaml, JSON otherwise."""
     if isinstance(document, str):
@@ -121,5 +142,6 @@ def document_text(name: str, document: Any) -> str:
             return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
 
         Dumper.add_representer(str, text)
-        return yaml.dump(document, Dumper=Dumper, sort_keys=False)
+        header, document = _accelerate_file(document) if name == ACCELERATE_FILE else ("", document)
+        return header + yaml.dump(document, Dumper=Dumper, sort_keys=False)
     return json.dumps(document, indent=2) + "\n"

@@ -1,22 +1,35 @@
-"""launch.sh: the plan as a shell script that replays every process by hand, without grpo-launch."""
+"""launch.sh: the plan as a shell script that replays every process by hand, without `grpo run`."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 from grpo_launch.contracts.plan import PrepareStep, ProcessSpec, Role
 from grpo_launch.contracts.shell import shell_line, shell_word
+from grpo_launch.plan.schedulers.base import node_list
 
+PACKAGE = "grpo_launch"  # the modules the commands run with `python -m`
+PROGRAM = "grpo"         # grpo-launch's command (`grpo proxy`)
+COMMENT_WIDTH = 118
+
+_ABOUT = ("Replays run '{recipe}' (placement {placement}) by hand, without `grpo run`: it starts the processes below "
+          "in order, and nothing supervises them. It needs what they run, installed where it runs: grpo-launch "
+          "({entrypoints}), and {programs} on the PATH. It works in its own directory, the run directory. On a "
+          "cluster, start it on every node ({nodes}) with NODE_RANK set to that node's index (and GRPO_HOST_K set to "
+          "node K's address where the commands below read it); one machine needs nothing. Secrets are read from your "
+          "environment by name and never written here: {secrets}.")
 _HEADER = """#!/usr/bin/env bash
-# Replays run '{recipe}' (placement {placement}) without grpo-launch. It works in its own directory, the run
-# directory. On a cluster, start it on every node with NODE_RANK set to that node's index (and GRPO_HOST_K set to
-# node K's address where the commands below read it); one machine needs nothing. Secrets are read from your
-# environment by name and never written here: {secrets}.
+{about}
 # Every value below is quoted as one word: single quotes keep a $ or a ` in a value as text, as intended.
 # shellcheck disable=SC2016
 set -euo pipefail
 cd "$(dirname "$0")"
 NODE_RANK="${{NODE_RANK:-0}}"
+case "$NODE_RANK" in
+  {node_pattern}) ;;
+  *) echo "launch.sh: NODE_RANK=$NODE_RANK is not a node of this run ({nodes})" >&2; exit 2 ;;
+esac
 mkdir -p logs
 pids=()
 stop_all() {{ for pid in "${{pids[@]}}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done; }}
@@ -49,17 +62,33 @@ def command_line(p: ProcessSpec) -> str:
     return f"{env} {shell_line(p.argv)}".strip()
 
 
+def _needs(argvs: Sequence[Sequence[str]]) -> tuple[str, str]:
+    """What the commands run: grpo-launch's entrypoints (`python -m grpo_launch.trainer`, `grpo proxy`), and the
+    programs on the PATH (python3 polls readiness)."""
+    entrypoints = dict.fromkeys(f"{argv[0]} {argv[1]}" if argv[0] == PROGRAM else f"python -m {argv[i + 1]}"
+                                for argv in argvs for i in range(len(argv) - 1)
+                                if argv[0] == PROGRAM or (argv[i] == "-m" and argv[i + 1].startswith(PACKAGE)))
+    programs = [*dict.fromkeys(argv[0] for argv in argvs if argv[0] != PROGRAM), "python3"]
+    listed = ", ".join(programs[:-1]) + " and " + programs[-1] if len(programs) > 1 else programs[0]
+    return ", ".join(f"`{e}`" for e in entrypoints), listed
+
+
 def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], processes: Sequence[ProcessSpec]) -> str:
     ready = {p.name: p for p in processes if p.ready_url}
     secrets = ", ".join(dict.fromkeys(name for p in processes for name in p.pass_env)) or "none"
-    lines = [_HEADER.format(recipe=recipe, placement=placement, secrets=secrets)]
+    nodes = sorted({p.node for p in processes})
+    entrypoints, programs = _needs([*(s.argv for s in prepare), *(p.argv for p in processes)])
+    about = _ABOUT.format(recipe=recipe, placement=placement, entrypoints=entrypoints, programs=programs,
+                          nodes=node_list(nodes), secrets=secrets)
+    lines = [_HEADER.format(about=textwrap.fill(about, COMMENT_WIDTH, initial_indent="# ", subsequent_indent="# ",
+                                                break_long_words=False, break_on_hyphens=False),
+                            node_pattern="|".join(map(str, nodes)), nodes=node_list(nodes))]
     for step in prepare:
         lines.append(f"# {step.name}: run once, before any process")
         lines.append(f"[ -e {shell_word(step.creates)} ] || {shell_line(step.argv)}")
     trainer_nodes = sorted({p.node for p in processes if p.role == Role.TRAINER})
     for p in processes:
-        gpus = ",".join(map(str, p.gpus)) or "none"
-        lines.append(f"# {p.name}: {p.role} on node {p.node}, GPUs {gpus}")
+        lines.append(f"# {p.name}: {p.role} on node {p.node}")
         for dep in p.depends_on:
             server = ready[dep]
             key = f" {server.probe_key_env}" if server.probe_key_env else ""

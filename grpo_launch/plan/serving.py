@@ -3,9 +3,11 @@ trainers need (what `trl vllm-serve` would exec), on GPUs and CPUs alike."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.devices import Device
-from grpo_launch.contracts.plan import Engine, ProcessSpec, Restart, Role
+from grpo_launch.contracts.plan import Engine, Liveness, ProcessSpec, Restart, Role
 from grpo_launch.errors import UserError
 from grpo_launch.plan.context import Context
 
@@ -21,7 +23,7 @@ def vllm_serve_argv(ctx: Context, *, bind: str, port: int, extra: tuple[str, ...
     v, m = ctx.config.vllm, ctx.config.model
     argv = ["vllm", "serve", ctx.model.path, "--host", bind, "--port", str(port),
             "--tensor-parallel-size", str(v.tensor_parallel_size),
-            "--gpu-memory-utilization", str(v.gpu_memory_utilization), "--dtype", m.dtype]
+            *ctx.device.memory_flags(v.gpu_memory_utilization), "--dtype", m.dtype]
     if m.revision is not None:
         argv += ["--revision", m.revision]
     if v.max_model_len is not None:
@@ -51,6 +53,14 @@ def served_engine(ctx: Context, index: int, name: str, owner: str, node: int, gp
                        ready_timeout_s=v.health_timeout_s, start_delay_s=start_delay_s, restart=restart,
                        metrics_url=f"{url}/metrics")
     return spec, Engine(index=index, node=node, gpus=gpus, process=name, url=url)
+
+
+def watched(config: Config, processes: tuple[ProcessSpec, ...]) -> tuple[ProcessSpec, ...]:
+    """Every process with a readiness URL is probed there once it is ready (run.health_*): a server that stops
+    answering is noticed within `Liveness.bound_s`, not when the trainer fails."""
+    r = config.run
+    liveness = Liveness(interval_s=r.health_interval_s, timeout_s=r.health_interval_s, failures=r.health_failures)
+    return tuple(dataclasses.replace(p, liveness=liveness) if p.ready_url else p for p in processes)
 
 
 def serve_batch_limits(config: Config) -> tuple[int, int]:

@@ -12,7 +12,7 @@ from typing import Any
 from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.builtins import REWARDS
-from grpo_launch.contracts.plan import Reward, TrainerInputs
+from grpo_launch.contracts.plan import Reward, Sharding, TrainerInputs
 from grpo_launch.contracts.rundir import CHECKPOINTS_DIR
 from grpo_launch.errors import UserError
 from grpo_launch.plan.checks import check_reward_files, reward_target
@@ -55,9 +55,16 @@ def output_dir(config: Config) -> str:
     return str(config.trainer.get("output_dir", CHECKPOINTS_DIR))
 
 
-def build_trainer_args(ctx: Context, placement: Placement, placement_args: dict[str, Any]) -> dict[str, Any]:
+def build_trainer_args(ctx: Context, placement: Placement, placement_args: dict[str, Any],
+                       shared: Sharding) -> dict[str, Any]:
+    """`shared`: how the trainer ranks share the model."""
     config = ctx.config
     args: dict[str, Any] = {"output_dir": CHECKPOINTS_DIR, **ctx.device.trainer_args}
+    if shared == Sharding.DDP:
+        # transformers asks DDP to look for unused parameters unless gradients are checkpointed: an extra walk of
+        # the graph every step, and a warning from every rank. A causal LM's forward uses every trainable parameter
+        # (a LoRA's adapters too); a model that leaves some unused sets trainer.ddp_find_unused_parameters=true.
+        args["ddp_find_unused_parameters"] = False
     args.update(config.trainer)
     args.update(placement.model_args(config))
     args.update(placement_args)

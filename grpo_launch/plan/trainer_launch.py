@@ -55,5 +55,6 @@ def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...],
                                pass_env=tuple(dict.fromkeys([*config.env.passthrough, *secrets])),
                                depends_on=depends_on,
                                ranks=layout.ranks_on(node),
-                               diagnoses=rendezvous_diagnoses(main_ip, port, timeout) if machines > 1 else ()))
+                               diagnoses=rendezvous_diagnoses(main_ip, port, timeout) if machines > 1 else (),
+                               exit_timeout_s=config.run.exit_timeout_s if machines > 1 else None))
     return out

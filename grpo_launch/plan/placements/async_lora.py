@@ -4,7 +4,7 @@ only the adapter travels, through a directory every replica can read, announced 
 One `vllm serve` per replica (not `--data-parallel-size`, whose API servers each keep their own adapter table),
 the proxy in front (routing by KV prefix, broadcasting adapter loads), the trainer pointed at the proxy so TRL
 sees a single server of data parallel size 1 and keeps adapter-only sync on. Replicas are replaceable: the
-supervisor restarts one that dies (`vllm.max_restarts` times) and the proxy takes it back once healthy.
+supervisor restarts one that dies (`placement.async_lora.max_restarts` times) and the proxy takes it back once healthy.
 """
 
 from __future__ import annotations
@@ -167,7 +167,8 @@ class AsyncLora(Placement):
             spec, engine = served_engine(ctx, i, f"vllm-{i}", f"vLLM replica {i}", node, gpus, extra_flags=lora_flags,
                                          extra_env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
                                          start_delay_s=a.stagger_s if i else 0.0,
-                                         restart=Restart(max_restarts=a.max_restarts) if a.max_restarts else None)
+                                         restart=Restart(max_restarts=a.max_restarts, reset_after_s=a.restart_reset_s)
+                                         if a.max_restarts else None)
             services.append(spec)
             engines.append(engine)
 

@@ -5,7 +5,8 @@ address is its NodeAddr (names need not resolve), exported as GRPO_HOST_K. grpo-
 node (`python -m grpo_launch.launch --node K`) and starts that node's processes by the same rules as on one
 machine: each node finds K from its own name, which the step's shell expands on that node. The nodes that train
 are one `srun` step and those that only serve another, over slices of the allocation, each step with its nodes'
-GPUs (`--gpus-per-node`) and `--kill-on-bad-exit`, so a node that fails stops its step's other nodes. The job ends
+GPUs (`--gpus-per-node`), `--kill-on-bad-exit`, so a node that fails stops its step's other nodes, and `--wait`, so
+one whose supervisor never exits is ended `run.exit_timeout_s` after the first of its step ended. The job ends
 with the trainer step: ending the batch script makes Slurm send SIGTERM to the serving step, whose supervisors
 stop their servers. Its exit code is the first node failure's own code (srun reports the highest of its tasks,
 often a peer it stopped), recorded by each node's supervisor.
@@ -13,6 +14,7 @@ often a peer it stopped), recorded by each node's supervisor.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,10 +36,11 @@ STEP_COMMAND = ('i=0; for n in $GRPO_NODE_NAMES; do if [ "$n" = "$SLURMD_NODENAM
                 'echo "grpo: node $SLURMD_NODENAME is not in this job ($GRPO_NODE_NAMES)" >&2; exit 2')
 
 _HEADER = """#!/bin/bash
-# grpo-launch: run '{recipe}' (placement {placement}) as one Slurm job on {nodes} node(s). Submit it from the run
-# directory, on storage every node shares: `sbatch --chdir=RUN_DIR RUN_DIR/{job_file}` (`grpo run` does, and follows
-# it). On every node grpo-launch's supervisor starts that node's processes of plan.json, as `grpo run` does on one
-# machine: servers first (gated on /health), then the trainer; any failure stops everything.
+# grpo-launch: run '{recipe}' (placement {placement}) as one Slurm job on {nodes}. Submit it from the run
+# directory, on storage every node shares: `cd RUN_DIR && sbatch {job_file}` (`grpo run` does, and follows it). It
+# works in the directory sbatch ran in, $SLURM_SUBMIT_DIR, which `sbatch --chdir` does not change. On every node
+# grpo-launch's supervisor starts that node's processes of plan.json, as `grpo run` does on one machine: servers
+# first (gated on /health), then the trainer; any failure stops everything.
 """
 
 _BODY = """set -u
@@ -116,7 +119,8 @@ class Slurm(Scheduler):
         nodes = ",".join(f"${{nodes[{n}]}}" for n in group.nodes)
         count = len(group.nodes)
         options = [f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", f'--nodelist="{nodes}"',
-                   *map(shell_word, self._gpus(config)), "--kill-on-bad-exit=1", f"--job-name={group.name}",
+                   *map(shell_word, self._gpus(config)), "--kill-on-bad-exit=1",
+                   f"--wait={math.ceil(config.run.exit_timeout_s)}", f"--job-name={group.name}",
                    f"--output={LOGS_DIR}/step-{group.name}-%t.out"]
         return (f"# {group.name}: {node_list(group.nodes)} ({', '.join(group.processes)}); {group.ends}\n"
                 f"srun {' '.join(options)} \\\n     bash -c \"$node_supervisor\" &\n{group.name}=$!\n")
@@ -128,8 +132,8 @@ class Slurm(Scheduler):
         groups = (trainers,) if services is None else (trainers, services)
         setup = "".join(line + "\n" for line in config.scheduler.setup)
         failures = f"{LOGS_DIR}/{NODE_FAILURES.format(node='*')}"
-        text = _HEADER.format(recipe=recipe, placement=config.placement.kind, nodes=config.cluster.nodes,
-                              job_file=self.job_file)
+        nodes = f"{config.cluster.nodes} node" + "s" * (config.cluster.nodes != 1)
+        text = _HEADER.format(recipe=recipe, placement=config.placement.kind, nodes=nodes, job_file=self.job_file)
         text += "".join(f"#SBATCH {option}\n" for option in self._sbatch_options(config, recipe))
         text += _BODY.format(setup=setup, logs=LOGS_DIR, failures=failures, nodes=config.cluster.nodes,
                              step_command=shell_word(STEP_COMMAND))
