@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -315,12 +316,11 @@ def check_bounds(section: Any, prefix: str = "") -> None:
     """Every knob's bounds and choices, and the items of its lists and mappings, in one pass over a typed section
     (lists of sections included); every knob out of bounds is reported, together."""
     hints = typing.get_type_hints(type(section))
-    collect(*(partial(_check_knob, section, f, hints[f.name], prefix) for f in dataclasses.fields(section)))
+    collect(*(partial(_check_knob, getattr(section, f.name), f.metadata, hints[f.name], f"{prefix}{f.name}")
+              for f in dataclasses.fields(section)))
 
 
-def _check_knob(section: Any, f: dataclasses.Field, tp: Any, prefix: str) -> None:
-    value = getattr(section, f.name)
-    path = f"{prefix}{f.name}"
+def _check_knob(value: Any, meta: Mapping[str, Any], tp: Any, path: str) -> None:
     if isinstance(value, (list, dict)) and value:
         _check_items(value, tp, path)
     if dataclasses.is_dataclass(value):
@@ -328,12 +328,12 @@ def _check_knob(section: Any, f: dataclasses.Field, tp: Any, prefix: str) -> Non
     elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
         collect(*(partial(check_bounds, item, f"{path}[{i}].") for i, item in enumerate(value)))
     elif value is not None:
-        problem = violation(value, f.metadata)
+        problem = violation(value, meta)
         if problem:
-            choices = f.metadata.get("choices") or ()
+            choices = meta.get("choices") or ()
             suggestion = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
-            key = _item_key(path, value, f.metadata)
-            raise UserError(f"'{key}' {problem}{suggestion}", key=key, hint=f.metadata.get("doc") or None)
+            key = _item_key(path, value, meta)
+            raise UserError(f"'{key}' {problem}{suggestion}", key=key, hint=meta.get("doc") or None)
 
 
 def _item_key(path: str, value: Any, meta: dict) -> str:
