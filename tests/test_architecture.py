@@ -145,3 +145,57 @@ def test_the_plan_is_read_by_typed_fields():
     compared = re.compile(r"""\.(role|trainer|weight_sync|sharding)\s*(==|!=|\bin)\s*\(?["']""")
     found = _lines_matching(lookup) + _lines_matching(compared)
     assert not found, "\n".join(found)
+
+
+def _comparisons_outside(names: tuple[str, ...], allowed) -> list[str]:
+    """Lines outside the modules `allowed(module)` accepts that compare a value with one of `names`."""
+    quoted = "|".join(map(re.escape, names))
+    comparison = re.compile(rf"""(==|!=|\bin)\s*\(?["']({quoted})["']|["']({quoted})["']\s*(==|!=)""")
+    return _lines_matching(comparison, skip=allowed)
+
+
+def test_scheduler_names_are_compared_only_in_their_own_modules():
+    """The CLI, the rehearsal and the supervisor ask a scheduler (its planner, its launcher); only a scheduler's own
+    modules (plan/schedulers/NAME.py, launch/schedulers/NAME.py) know its name."""
+    from grpo_launch.contracts.schedulers import DECLARED
+
+    for d in DECLARED:
+        own = {f"grpo_launch.plan.schedulers.{d.name.replace('-', '_')}",
+               f"grpo_launch.launch.schedulers.{d.name.replace('-', '_')}"}
+        found = _comparisons_outside((d.name,), lambda m, own=own: m in own)
+        assert not found, "\n".join(found)
+
+
+def test_trainers_and_weight_syncs_are_compared_only_in_their_own_modules():
+    """What the trainer entrypoint runs (contracts.plan.Trainer) is dispatched in trainer/main.py; how weights reach
+    vLLM (contracts.devices.WeightSync) is read by the trainer module that does it (trainer/vllm_sync.py). The
+    placements choose them (and the device strategy its own weight sync); nothing else compares either, by name or
+    by member."""
+    from grpo_launch.contracts.devices import WeightSync
+    from grpo_launch.contracts.plan import Trainer
+
+    def choosers(module: str) -> bool:
+        return module.startswith("grpo_launch.plan.placements.")
+
+    found = _comparisons_outside(tuple(Trainer), lambda m: m == "grpo_launch.trainer.main" or choosers(m))
+    found += _comparisons_outside(tuple(WeightSync), lambda m: m == "grpo_launch.trainer.vllm_sync" or choosers(m))
+    members = re.compile(r"(==|!=|\bin)\s*\(?(Trainer|WeightSync)\.|\b(Trainer|WeightSync)\.\w+\s*(==|!=)")
+    found += _lines_matching(members, skip=lambda m: choosers(m) or m in (
+        "grpo_launch.trainer.main", "grpo_launch.trainer.vllm_sync", "grpo_launch.contracts.devices"))
+    assert not found, "\n".join(found)
+
+
+def test_every_declared_scheduler_has_a_planner_a_launcher_and_a_group_file():
+    """Adding a scheduler: its declaration (contracts.schedulers), its planning module, its launch module and its
+    recipe group file; the schema's choices come from the declarations."""
+    from grpo_launch.compose.schema import type_at
+    from grpo_launch.contracts.schedulers import DECLARED
+    from grpo_launch.launch.schedulers import LAUNCHERS
+    from grpo_launch.plan.schedulers import SCHEDULERS
+
+    names = [d.name for d in DECLARED]
+    assert list(SCHEDULERS) == names and list(LAUNCHERS) == names
+    assert {p.stem for p in (ROOT / "recipes" / "scheduler").glob("*.yaml")} == set(names)
+    for d in DECLARED:
+        if d.key:
+            assert type_at(f"scheduler.{d.key}") is d.settings

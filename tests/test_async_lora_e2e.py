@@ -48,19 +48,32 @@ def test_adapter_versions_flow_through_the_proxy_to_both_replicas(tmp_path):
         assert adapters_loaded(logs[replica]) == published
         assert adapters_removed(logs[replica]) == published[: len(published) - 3]  # max_staleness 2: 3 kept
         assert total(engines[replica], "vllm:request_success_total") > 0  # both replicas served rollouts
-    # The engines' prefix caches hit: prompts share a system prompt longer than a block, and a prompt's group of
-    # completions reuses its prefix; the proxy routed by that prefix.
-    assert sum(total(engines[r], "vllm:prefix_cache_hits_total") for r in REPLICAS) > 0
+    # This recipe's prompts (a 51-token system prompt and a 5-token sum) hold one full block, the system prompt's:
+    # every router gets the same prefix hits here, so what the engines measure of routing is test_proxy_vllm's
+    # (concurrent groups of longer prompts, against the best a group-splitting router can do). What routing decided
+    # is the proxy's own account: each group's completions followed its first request (none spilled), and each
+    # group's first request is the only one routed without a prefix.
     ran = adapters_run(engines["vllm-0"]) | adapters_run(engines["vllm-1"])
     assert len(ran) >= 3 and ran <= set(published)  # rollouts came from at least three adapter versions
     trained_on = {v for r in records for v in r["model_versions"]}
     assert len(trained_on) >= 3
     stats = proxy_stats(run_dir)
-    assert stats["errors"] == {} and stats["requests"]["affinity"] > 0
+    requests = stats["requests"]
+    assert stats["errors"] == {} and requests["spill"] == 0
+    # G=4: one request in four starts a group (two groups may be cut short when training ends)
+    assert requests["unmatched"] <= requests["routed"] // 4 + 2
     assert (run_dir / "logs" / "proxy.log").read_text().count("tokenizer agrees with replica") == 2
     adapters = sorted(p.name for p in (run_dir / "checkpoints" / ".vllm_lora").iterdir())
     assert "trl-policy-v1" not in adapters and published[-1] in adapters
     assert (run_dir / "checkpoints" / "final" / "adapter_config.json").exists()
+    # The report in the async post's terms: staleness, samples trained, and the trainer's wait for rollouts
+    report = json.loads(grpo("report", str(run_dir), "--json").stdout)
+    staleness = [r["staleness/mean"] for r in records if "staleness/mean" in r]
+    assert len(staleness) == 8 and report["staleness_mean"] == pytest.approx(sum(staleness) / 8)
+    assert report["staleness_max"] == max(r["staleness/max"] for r in records) <= 2  # trainer.max_staleness
+    assert report["samples_trained"] == 8 * 8 and report["units"] == {"training": 1, "in_use": 3, "held": 3}
+    assert report["phase_share"]["wait"] > 0 and report["phase_share"]["sync"] > 0
+    assert report["diagnosis"][0]["kind"] in ("async starved", "trainer-bound")
 
 
 def test_a_replica_killed_mid_run_is_restarted_and_taken_back(tmp_path):

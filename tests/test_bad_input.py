@@ -64,6 +64,14 @@ BAD_PLAN_INPUTS = [
     (["recipe=tiny-cpu-async-lora", "vllm.block_size=16"], "takes KV-cache blocks of a multiple of 32 tokens"),
     (["recipe=tiny-cpu-async-lora", "cluster.gpus_per_node=4"],
      "async-lora on cluster.accelerator=cpu trains in 1 process"),
+    # evaluation (data.eval)
+    (["recipe=tiny-cpu-async-lora", "data.eval=held-out"], "placement async-lora cannot evaluate"),
+    (["data.eval=test"], "a built-in task's held-out rows are 'held-out'"),
+    (["data.eval=null"], "data.eval_samples is set but data.eval is not"),
+    (["data.eval=null", "data.eval_samples=null", "trainer.eval_strategy=steps"],
+     "evaluates, but data.eval names no held-out prompts"),
+    (["data.source=files", "data.path=train.jsonl", "data.eval=test.txt"], "data.eval 'test.txt' is not a"),
+    (["recipe=qwen1.5b-colocate", "data.eval_samples=64"], "data.eval_samples is set but data.eval is not"),
     (["zero.offload_param=true"], "zero.offload_param needs ZeRO stage 3"),
     (["zero.offload_optimizer=true"], "zero.offload_optimizer needs DeepSpeed"),
     (["cluster.hosts=[a,b]"], "lists 2 address(es) for 1 node(s)"),
@@ -203,13 +211,13 @@ def test_a_moved_key_names_its_new_place(override, new, capsys):
 
 
 def test_independent_mistakes_are_reported_together(capsys):
-    """Four rules the tiny CPU recipe breaks as async-lora, each independent of the others: one round to fix them,
-    not four."""
+    """Five rules the tiny CPU recipe breaks as async-lora, each independent of the others: one round to fix them,
+    not five."""
     assert main(["plan", "placement=async-lora"]) == 2
     err = capsys.readouterr().err
-    assert err.count("error:") == 4
-    for fragment in ("not a field of AsyncGRPOConfig", "but vllm.enabled=false", "but lora.enabled=false",
-                     "no GPU is left for the trainer"):
+    assert err.count("error:") == 5
+    for fragment in ("not a field of AsyncGRPOConfig", "placement async-lora cannot evaluate", "but vllm.enabled=false",
+                     "but lora.enabled=false", "no GPU is left for the trainer"):
         assert fragment in err
 
 
@@ -535,7 +543,7 @@ def test_the_run_summary_prints_paths_as_written(tmp_path):
     from grpo_launch.cli.launching import _finish
 
     console = Console(record=True, width=200)
-    _finish(tmp_path / "[/]run [bold]x", 1, console, None)
+    _finish(tmp_path / "[/]run [bold]x", 1, console, [])
     assert f"failed run directory: {tmp_path / '[/]run [bold]x'}" in console.export_text()
 
 

@@ -26,6 +26,11 @@ LINES = {
         "[grpo-launch] rank 0 of 2 (DistributedType.MULTI_CPU, cpu:0)",
     "Traceback (most recent call last):": "Traceback (most recent call last):",
     "ValueError: 100% of the {'a': 1} budget": "ValueError: 100% of the {'a': 1} budget",
+    # evaluation's progress bar, nested in training's: tqdm moves the cursor up before the eval record
+    "\r  0%|          | 0/4 [00:00<?, ?it/s]\x1b[A": None,
+    "\r 75%|███████▌  | 3/4 [00:00<00:00, 21.97it/s]\x1b[A\r                    \r": None,
+    "\r                    \r\x1b[A{'eval_loss': '-0.008699', 'eval_reward': '0.9355'}": None,
+    "": "",
 }
 
 
@@ -54,6 +59,28 @@ def test_the_training_view_reads_step_reward_trend_loss_kl_length_pace_and_eta(t
     assert view.plain() == ("step 10/20 · reward 1.000 (trend +0.500) · loss 0.05 · kl 0.1 · length 8.0 · "
                             "step time 2.00 s · ETA 20 s")
     assert not view.update()
+
+
+def test_the_training_view_shows_the_measured_split_and_throughput(tmp_path):
+    """From the trainer's measure records: the latest step's phases and the completions per second per training
+    process since the first step (which carries one-time costs)."""
+    from grpo_launch.trainer.measure import COUNTS, step_record
+
+    metrics = tmp_path / "metrics.jsonl"
+    view = TrainingView(metrics, total_steps=20, per=(2, "CPU process"))
+    with metrics.open("a") as f:
+        for step, (generate, train, wait) in enumerate([(5.0, 1.0, 0.0), (0.5, 0.3, 0.2), (0.6, 0.2, 0.0)], 1):
+            start = 100.0 + step
+            share = {"start": start, "end": start + generate + train + wait,
+                     "phases": {"generate": generate, "score": 0.0, "sync": 0.0, "train": train, "wait": wait,
+                                "eval": 0.0, "save": 0.0, "other": 0.0},
+                     "counts": {key: 16 if key == "completions" else 0 for key in COUNTS}, "staleness": [0, 0, 0]}
+            f.write(json.dumps(step_record(step, [share, share])) + "\n")
+            f.write(json.dumps({"step": step, "time": start, "reward": 0.5, "loss": 0.1}) + "\n")
+    assert view.update()
+    # steps 2 and 3: 2 x 2 x 16 completions in 1.0 + 0.8 s, per each of the 2 training processes
+    assert view.plain().endswith("step time 0.80 s · phases generate 75% train 25% · throughput 17.8 completions/s "
+                                 "per training CPU process · ETA 17 s")
 
 
 def _display(verbose=False, terminal=False):

@@ -26,7 +26,7 @@ from conftest import grpo
 
 from grpo_launch.cli import main
 from grpo_launch.compose import compose, schema
-from grpo_launch.contracts import hosts
+from grpo_launch.contracts import hosts, schedulers
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.plan import build_plan
 from grpo_launch.plan.documents import document_text
@@ -35,9 +35,9 @@ from grpo_launch.plan.launch_script import command_line
 # Free-text keys that no generated script may execute: each gets the hostile value (or a list/map holding it).
 HOSTILE_KEYS = {
     "model.name_or_path", "model.revision", "model.attn_implementation", "cluster.gpu_type", "data.path",
-    "data.config", "data.split", "data.prompt_column", "data.answer_column", "data.system_prompt", "description",
-    "vllm.extra_args", "lora.target_modules", "run.root", "run.dir", "env.set", "scheduler.slurm.sbatch", "trainer",
-    "rewards",
+    "data.config", "data.split", "data.eval", "data.prompt_column", "data.answer_column", "data.system_prompt",
+    "description", "vllm.extra_args", "lora.target_modules", "run.root", "run.dir", "env.set",
+    "scheduler.slurm.sbatch", "trainer", "rewards",
 }
 # Keys that take text but are not set hostile here, and why.
 NOT_HOSTILE = {
@@ -45,6 +45,11 @@ NOT_HOSTILE = {
     "cluster.hosts": "addresses: checked to be hostnames or IP addresses (issue 15 §4)",
     "placement.async_lora.proxy.host": "an address: checked to be a hostname or IP address (issue 15 §4)",
     "placement.kind": "a placement's name: one of the placements, chosen with placement=NAME",
+    **{f"scheduler.hf_jobs.{key}": "scheduler=hf-jobs checks its forms at plan time (plan/schedulers/hf_jobs.py: "
+                                   "names, namespace/name, an absolute path, a duration, image references, the "
+                                   "library's flavors, variable names)"
+       for key in ("namespace", "secrets", "bucket", "mount_path", "timeout", "image.trainer", "image.vllm",
+                   "flavor.trainer", "flavor.vllm")},
 }
 
 
@@ -86,7 +91,8 @@ def hostile_plan(canary: Path, marker: Path, *overrides: str) -> tuple[Plan, str
     config = composed.config
     values = {
         "model.name_or_path": h, "model.revision": h, "model.attn_implementation": h, "cluster.gpu_type": h,
-        "data.path": h + ".jsonl", "data.config": h, "data.split": h, "data.prompt_column": h, "data.answer_column": h,
+        "data.path": h + ".jsonl", "data.config": h, "data.split": h, "data.eval": h + ".jsonl",
+        "data.prompt_column": h, "data.answer_column": h,
         "data.system_prompt": h + "\nand a second line", "description": h, "vllm.extra_args": [h, f"--x={h}"],
         "lora.target_modules": [h], "run.root": h, "run.dir": h, "env.set": {"GRPO_HOSTILE": h},
         "scheduler.slurm.sbatch": [f"--comment={h}"], "trainer": {**config.trainer, "output_dir": h, "run_name": h},
@@ -95,6 +101,7 @@ def hostile_plan(canary: Path, marker: Path, *overrides: str) -> tuple[Plan, str
     }
     if config.placement.kind == "async-lora":
         values.pop("model.attn_implementation")  # async-lora takes sdpa or null only (a choice)
+        values.pop("data.eval")  # TRL's async trainer cannot evaluate: refused for async-lora
     if config.scheduler.kind == "skypilot":
         values.pop("cluster.gpu_type")  # written as SkyPilot's accelerators: checked by that form
     data_source = dataclasses.replace(config.data, source="files")
@@ -353,22 +360,22 @@ def test_skypilot_knows_the_clouds_and_names_we_check():
     done = subprocess.run([str(SKY_PYTHON), "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     clouds, cluster_regex, task_regex = json.loads(done.stdout.strip().splitlines()[-1])
-    assert tuple(clouds) == schema.SKYPILOT_CLOUDS
+    assert tuple(clouds) == schedulers.SKYPILOT_CLOUDS
     for name in ("grpo-tiny-cpu", "a", "a.b_c--d", "A1", "a__b"):
-        assert schema.SKYPILOT_NAME.fits(name)
+        assert schedulers.SKYPILOT_NAME.fits(name)
         assert re.fullmatch(cluster_regex, name) and re.fullmatch(task_regex, name)
     for name in ("1a", "a-", "-a", "a b", "a---b", "a.", "_a"):
-        assert not schema.SKYPILOT_NAME.fits(name)
+        assert not schedulers.SKYPILOT_NAME.fits(name)
         assert not (re.fullmatch(cluster_regex, name) and re.fullmatch(task_regex, name))
 
 
 SLURM_FORMS = [  # (form, values sbatch(1) documents, values that are not one option's value)
-    (schema.SLURM_NAMES, ["gpu", "gpu,cpu", "a100-80gb.q"], ["gpu cpu", "gpu,", "$(x)", "gpu;x", ""]),
-    (schema.SLURM_NAME, ["proj-1", "high", "my_account.x"], ["a b", "a,b", "`x`", ""]),
-    (schema.SLURM_TIME, ["0", "90", "30:00", "12:00:00", "2-00", "2-12:30", "2-12:30:00", "UNLIMITED"],
+    (schedulers.SLURM_NAMES, ["gpu", "gpu,cpu", "a100-80gb.q"], ["gpu cpu", "gpu,", "$(x)", "gpu;x", ""]),
+    (schedulers.SLURM_NAME, ["proj-1", "high", "my_account.x"], ["a b", "a,b", "`x`", ""]),
+    (schedulers.SLURM_TIME, ["0", "90", "30:00", "12:00:00", "2-00", "2-12:30", "2-12:30:00", "UNLIMITED"],
      ["1 day", "1h", "2-", ":30", "-1"]),
-    (schema.SLURM_GRES, ["gpu", "gpu:8", "gpu:h100:8", "gpu:h100:8,nic:1"], ["gpu:h100:8:1", "gpu 8", "gpu:$(x)"]),
-    (schema.SBATCH_OPTION, ["--mem=0", "#SBATCH --constraint=h100", "-C h100"], ["mem=0", "touch /tmp/x"]),
+    (schedulers.SLURM_GRES, ["gpu", "gpu:8", "gpu:h100:8", "gpu:h100:8,nic:1"], ["gpu:h100:8:1", "gpu 8", "gpu:$(x)"]),
+    (schedulers.SBATCH_OPTION, ["--mem=0", "#SBATCH --constraint=h100", "-C h100"], ["mem=0", "touch /tmp/x"]),
 ]
 
 

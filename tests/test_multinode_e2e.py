@@ -93,9 +93,12 @@ def test_a_rendezvous_that_cannot_complete_fails_in_time(tmp_path, node, says):
     the rendezvous and the key that sets the timeout, instead of hanging."""
     port = free_port()
     started = time.monotonic()
-    # No model to build: the launchers' rendezvous fails before any worker would load one.
+    # No model to build: a directory with a config.json and no weights passes the pre-flight check, and the
+    # launchers' rendezvous fails before any worker would load it.
+    (model := tmp_path / "no-weights").mkdir()
+    (model / "config.json").write_text("{}")
     result, run_dir = grpo_run(tmp_path, "--node-rank", str(node), "cluster.nodes=2", "cluster.gpus_per_node=1",
-                               "launcher=torchrun", f"model.name_or_path={tmp_path / 'no-model'}",
+                               "launcher=torchrun", f"model.name_or_path={model}",
                                f"run.main_process_port={port}", "run.rendezvous_timeout_s=4",
                                f"run.dir={tmp_path / 'run'}", timeout=120)
     took = time.monotonic() - started

@@ -47,7 +47,7 @@ def test_the_fix_it_names_works():
     """`~trainer.beta` removes what the recipe set: the async-lora error is gone (the next one is another key's)."""
     with pytest.raises(UserError) as caught:
         build_plan(compose(["placement=async-lora", "~trainer.beta"]))
-    assert caught.value.key == "vllm.enabled"
+    assert caught.value.key == "data.eval"
 
 
 def _user_recipes(tmp_path, files: dict[str, str]):

@@ -122,3 +122,32 @@ def test_cache_reset_clears_the_routing_table():
             await f.post("/reset_prefix_cache")
             assert f.proxy.router.tracked_blocks == 0
     asyncio.run(scenario())
+
+
+def test_a_refused_pause_is_undone_where_it_was_accepted():
+    async def scenario():
+        async with fleet(3) as f:
+            f.sims[2].refuse = {"/pause"}
+            status, body = await f.post("/pause?mode=keep")
+            assert status == 500 and f.sims[2].url in body["error"]["message"]
+            assert not any(s.paused for s in f.sims)  # the two that paused resumed again
+            assert f.sims[0].calls[-2:] == ["/pause", "/resume"]
+            assert f.proxy.fleet.paused is None
+            _, stats = await f.get("/proxy/stats")
+            assert stats["broadcasts"]["/pause"] == {"rolled_back": 1} and stats["fleet"]["paused"] is False
+    asyncio.run(scenario())
+
+
+def test_a_refused_resume_is_undone_with_the_fleets_pause():
+    async def scenario():
+        async with fleet(3) as f:
+            assert (await f.post("/pause?mode=keep"))[0] == 200
+            f.sims[1].refuse = {"/resume"}
+            status, _ = await f.post("/resume")
+            assert status == 500
+            assert all(s.paused for s in f.sims)  # nobody generates while the fleet says paused
+            assert f.sims[0].calls[-2:] == ["/resume", "/pause"]
+            assert f.proxy.fleet.paused == "/pause?mode=keep"
+            f.sims[1].refuse = set()
+            assert (await f.post("/resume"))[0] == 200 and not any(s.paused for s in f.sims)
+    asyncio.run(scenario())

@@ -100,3 +100,57 @@ def test_client_that_hangs_up_frees_its_replica_slot():
             assert f.proxy.fleet.replicas[0].requests == 1
             await f.until(lambda: f.proxy.fleet.replicas[0].inflight == 0, "the abandoned request to be dropped")
     asyncio.run(scenario())
+
+
+def out_of_routing(f, i: int):
+    return lambda: not f.proxy.fleet.replicas[i].healthy
+
+
+def test_a_replica_slow_for_one_probe_during_a_pause_is_resumed_with_the_fleet():
+    """It left routing paused; the fleet resumed without it. Readmitted paused, its requests would wait 600 s."""
+    async def scenario():
+        async with fleet(2) as f:
+            assert (await f.post("/pause?mode=keep"))[0] == 200
+            f.sims[1].health_failures = 1
+            await f.until(out_of_routing(f, 1), "r1 out of routing")
+            assert (await f.post("/resume"))[0] == 200
+            assert f.sims[1].paused
+            await f.until(f.proxy.fleet.all_healthy, "r1 back in routing")
+            assert not any(s.paused for s in f.sims)
+    asyncio.run(scenario())
+
+
+def test_a_replica_that_missed_an_unload_drops_the_adapter_when_it_returns(tmp_path):
+    async def scenario():
+        async with fleet(2) as f:
+            for name in ("policy-v1", "policy-v2"):
+                (tmp_path / name).mkdir()
+                assert (await f.post("/v1/load_lora_adapter", {"lora_name": name,
+                                                                "lora_path": str(tmp_path / name)}))[0] == 200
+            await f.sims[1].stop()
+            await f.until(out_of_routing(f, 1), "r1 out of routing")
+            assert (await f.post("/v1/unload_lora_adapter", {"lora_name": "policy-v1"}))[0] == 200
+            await f.sims[1].start()  # it kept its adapters: an outage of the network, not of the engine
+            await f.until(f.proxy.fleet.all_healthy, "r1 back in routing")
+            assert set(f.sims[1].adapters) == set(f.sims[0].adapters) == {"policy-v2"}
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("how", ["before", "after", "cut", "hang"])
+def test_a_state_change_left_unanswered_re_syncs_the_replica(tmp_path, how):
+    """The connection dropped before or after the replica acted, its answer stopped halfway, or never came: what it
+    did is unknown. It leaves routing and returns only once it matches the fleet, whichever it was."""
+    async def scenario():
+        async with fleet(2, request_timeout_s=1.0) as f:
+            (tmp_path / "v1").mkdir()
+            assert (await f.post("/v1/load_lora_adapter", {"lora_name": "policy-v1",
+                                                            "lora_path": str(tmp_path / "v1")}))[0] == 200
+            assert (await f.post("/pause?mode=keep"))[0] == 200
+            f.sims[1].unanswered = {"/resume": how, "/v1/unload_lora_adapter": how}
+            assert (await f.post("/resume"))[0] == 200  # r0 answered; r1 will be made to match
+            assert (await f.post("/v1/unload_lora_adapter", {"lora_name": "policy-v1"}))[0] == 200
+            await f.until(f.proxy.fleet.all_healthy, "r1 back in routing")
+            assert not f.sims[1].paused and not f.sims[1].adapters
+            _, stats = await f.get("/proxy/stats")
+            assert stats["broadcasts"]["/resume"] == {"ok": 1} and stats["errors"] == {}
+    asyncio.run(scenario())

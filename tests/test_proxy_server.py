@@ -25,20 +25,26 @@ def test_group_of_completions_shares_a_replica_and_new_prompts_spread():
             status, stats = await f.get("/proxy/stats")
             assert status == 200
             assert stats["requests"]["routed"] == 32
-            assert stats["requests"]["affinity"] >= 28 and stats["requests"]["spill"] == 0
+            # Each group's 7 later requests follow its first, as its siblings while one is in flight (or by its
+            # prefix, if the sibling before already finished): never spilled. (The second group's first request also
+            # follows the system prompt's only holder, before a second prompt shows the system prompt is shared.)
+            requests = stats["requests"]
+            assert requests["group"] + requests["affinity"] >= 28 and requests["spill"] == 0
             assert sum(s.stats.cached_tokens for s in f.sims) > 0
     asyncio.run(scenario())
 
 
-def test_overload_spills_and_versions_route_separately(tmp_path):
+def test_overload_spills_other_prompts_and_versions_route_separately(tmp_path):
     async def scenario():
         async with fleet(2, imbalance=1, sim={"decode_s_per_token": 0.05}) as f:
-            await f.complete(prompt(1))
-            # 6 at once: the holder runs up to 1 more than the other, the rest spill.
-            group = await asyncio.gather(*(f.complete(prompt(1)) for _ in range(6)))
-            assert {served_by(r) for r in group} == {"r0", "r1"}
+            home = served_by(await f.complete(prompt(1)))
+            # 6 different prompts that continue prompt 1 (its blocks, a tail of their own): prefix-affine to its
+            # replica until that one holds more than 1 request's worth of tokens above the other, then spilled.
+            variants = await asyncio.gather(*(f.complete(prompt(1) + [7, k]) for k in range(6)))
+            assert {served_by(r) for r in variants} == {"r0", "r1"}
             _, stats = await f.get("/proxy/stats")
-            assert stats["requests"]["spill"] >= 1
+            assert stats["requests"]["spill"] >= 1 and stats["requests"]["affinity"] >= 2
+            assert sum(served_by(r) == home for r in variants) >= 3
 
             (tmp_path / "v1").mkdir()
             status, _ = await f.post("/v1/load_lora_adapter", {"lora_name": "policy-v1", "lora_path":
@@ -140,7 +146,8 @@ def test_text_and_chat_prompts_are_tokenized_for_routing(tmp_path):
                     homes.add(served_by(r))
             assert len(homes) == 1
             _, stats = await f.get("/proxy/stats")
-            assert stats["requests"]["affinity"] >= 6 and stats["requests"]["untokenized"] == 0
+            routed_by_prefix = stats["requests"]["affinity"] + stats["requests"]["group"]
+            assert routed_by_prefix >= 6 and stats["requests"]["untokenized"] == 0
     asyncio.run(scenario())
 
 

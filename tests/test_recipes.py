@@ -108,3 +108,30 @@ def test_wheel_ships_the_recipes(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "site")], capture_output=True, text=True,
                          cwd=tmp_path, check=True, timeout=60).stdout.split()
     assert out == [str(tmp_path / "site" / "grpo_launch" / "recipes"), str(len(SHIPPED))]
+
+
+# What the colocate post's pairs may differ in besides their name and description: the placement and what it implies.
+PAIR_DIFFERENCES = {
+    "placement.kind": "the comparison itself",
+    "vllm.gpu_memory_utilization": "each placement's default: vLLM beside a trainer rank, or on GPUs of its own",
+    "cluster.nodes": "72B: the server's fifth node",
+    "placement.colocate.sleep_level": "72B: sleep mode frees a colocated vLLM's memory for the trainer; a server needs "
+                                      "none",
+    "vllm.tensor_parallel_size": "72B: one colocated engine per node (TP 8), the server on the fifth node's 4 GPUs",
+}
+
+
+def test_the_colocate_posts_pairs_differ_only_in_their_placement():
+    from grpo_launch.cli.run import config_changes
+    from grpo_launch.compose import compose
+    from grpo_launch.materialize import config_document
+
+    for size in ("1.5b", "7b", "72b"):
+        colocate, server = (compose([f"recipe=qwen{size}-{kind}"]) for kind in ("colocate", "server"))
+        changed = {c.split(":")[0] for c in config_changes(config_document(colocate), config_document(server))}
+        changed -= {"recipe", "description", "choices.recipe", "choices.placement", "choices.cluster"}
+        assert changed <= set(PAIR_DIFFERENCES), (size, changed - set(PAIR_DIFFERENCES))
+        assert colocate.config.trainer == server.config.trainer  # the same per-device batch, steps, everything
+        batches = [plan_json(f"recipe=qwen{size}-{kind}")["batch"] for kind in ("colocate", "server")]
+        for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"):
+            assert batches[0][key] == batches[1][key], (size, key)

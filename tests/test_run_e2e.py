@@ -100,14 +100,18 @@ def test_run_directory_is_complete_and_launch_sh_replays(tmp_path):
     # DDP is not asked to look for unused parameters, which the model has none of: no per-rank warning about it
     assert "find_unused_parameters" not in (run_dir / "logs" / "trainer.log").read_text()
     assert re.search(r"^\[grpo\] step 20/20 · reward \d\.\d{3} \(trend [+-]\d\.\d{3}\) · loss \S+ · length \S+ · step "
-                     r"time \d+\.\d\d s$", out, re.M), out
+                     r"time \d+\.\d\d s · phases generate \d+% .*train \d+%.* · throughput \S+ completions/s per "
+                     r"training CPU process$", out, re.M), out
+    # it ends with the report's table, the eval scores of the held-out prompts among them
+    assert re.search(r"^eval reward: final / best \(steps\)\s+\S+ / \S+ \(5, 10, 15, 20\)", out, re.M), out
+    assert re.search(r"^  completions/s per training CPU process\s+\d", out, re.M), out
     assert re.search(r"^trainer │ \[grpo-launch\] rank [01] of 2", out, re.M)  # the two ranks may share a line
     assert "trainer │ [grpo-launch] training finished at step 20" in out
     assert ranks_started(run_dir) == {("0", "2"), ("1", "2")}  # accelerate's --cpu would silently start one
     first, last = rewards(run_dir)
     assert last - first > 0.5, (first, last)  # the embedded default learns, as `make run` shows
     for name in ("config.yaml", "overrides.yaml", "plan.json", "accelerate.yaml", "launch.sh", "metrics.jsonl",
-                 "reward_curve.png", "logs/trainer.log", "model/config.json",
+                 "reward_curve.png", "phase_timeline.png", "eval_curve.png", "logs/trainer.log", "model/config.json",
                  "model/tokenizer.json", "checkpoints/final"):
         assert (run_dir / name).exists(), name
     assert os.access(run_dir / "launch.sh", os.X_OK)

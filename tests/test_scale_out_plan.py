@@ -15,6 +15,7 @@ from grpo_launch.cli import main
 from grpo_launch.compose import compose
 from grpo_launch.contracts import hosts
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.schedulers import declared
 from grpo_launch.contracts.shell import shell_word
 from grpo_launch.errors import UserError
 from grpo_launch.plan import build_plan
@@ -185,13 +186,17 @@ def test_skypilot_task_reads_its_nodes_from_skypilot():
 
 
 def test_json_contract_has_a_scheduler_section():
-    for kind, job_file in (("local", None), ("slurm", "job.sbatch"), ("skypilot", "task.yaml")):
+    for kind, job_file in (("local", None), ("slurm", "job.sbatch"), ("skypilot", "task.yaml"),
+                           ("hf-jobs", "hf-jobs.sh")):
         plan = plan_json(*TWO_CPU_NODES, f"scheduler={kind}")
         section = plan["scheduler"]
-        assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups", "verbatim",
-                                "cluster"}
+        assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups", "verbatim", "jobs",
+                                "storage", "price_per_hour", "cluster"}
+        assert bool(section["jobs"]) == (kind == "hf-jobs")
         assert (section["kind"], section["job_file"]) == (kind, job_file)
         assert (section["cluster"] is not None) == (kind == "skypilot")  # sky cancel / sky down take it
+        # where `grpo report` says the metrics are: SkyPilot's node 0 and the Jobs' bucket keep them away from here
+        assert bool(declared(kind).logs_elsewhere) == (kind in ("skypilot", "hf-jobs"))
         assert job_file is None or job_file in plan["files"]
         for group in section["groups"]:
             assert set(group) == {"name", "nodes", "processes", "command", "ends"}

@@ -122,3 +122,28 @@ def test_ctrl_c_cancels_the_job(slurm, tmp_path):
     assert f"Slurm job {job}: CANCELLED" in out
     assert slurm.job_state(job) == "CANCELLED"
     assert_no_job_process_left(slurm)
+
+
+def test_grpo_stop_cancels_the_job_from_another_terminal(slurm, tmp_path):
+    """The job's ID is kept in the run directory: `grpo stop RUN_DIR` cancels it, and `grpo run` ends with it."""
+    cmd = [sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
+           f"run.root={tmp_path / 'runs'}", "scheduler=slurm", "trainer.max_steps=500",
+           f"run.main_process_port={free_port()}"]
+    env = {**os.environ, **RUN_ENV, **slurm.env()}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if ": RUNNING on " in line:
+            break
+    else:
+        raise AssertionError("the job never ran:\n" + "".join(seen[-40:]))
+    run_dir = next((tmp_path / "runs").glob("tiny-cpu/*"))
+    stopped = subprocess.run([sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "stop",
+                              str(run_dir)], capture_output=True, text=True, env=env, timeout=60)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    job = job_id("".join(seen))
+    assert f"cancelled Slurm job {job}" in stopped.stdout
+    out, _ = proc.communicate(timeout=120)
+    assert f"Slurm job {job}: CANCELLED" in out and proc.returncode != 0
+    assert_no_job_process_left(slurm)

@@ -1,6 +1,7 @@
-"""vLLM's CPU build against the real engine: colocate under torchrun, and the faults of a real server. The server
-placement runs against a real server on its own Slurm node (test_slurm) and in the server recipes' rehearsals
-(test_rehearse); colocate under accelerate, on 2 nodes, in qwen72b-colocate's rehearsal."""
+"""vLLM's CPU build against the real engine: the faults of a real server. Colocate under torchrun and a server run
+are reported and compared in test_report_e2e; the server placement also runs against a real server on its own Slurm
+node (test_slurm) and in the server recipes' rehearsals (test_rehearse); colocate under accelerate, on 2 nodes, in
+qwen72b-colocate's rehearsal."""
 
 import importlib.metadata
 import re
@@ -9,7 +10,6 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import grpo
-from engine import SYNC_CHECK, assert_generation_followed_training
 
 from grpo_launch.cli import main
 
@@ -28,17 +28,6 @@ def vllm_processes() -> list[psutil.Process]:
         if "vllm serve" in cmd or "vllm.entrypoints" in cmd:
             found.append(p)
     return found
-
-
-def test_colocate_runs_vllm_inside_both_ranks(tmp_path):
-    """Under torchrun; colocate under accelerate (with ZeRO-3 and offload, on 2 nodes) is the rehearsal of
-    qwen72b-colocate (test_rehearse)."""
-    result, run_dir = grpo_run(tmp_path, "recipe=tiny-cpu-colocate", "launcher=torchrun")
-    assert result.returncode == 0, result.stdout[-4000:]
-    assert_generation_followed_training(run_dir, steps=12)
-    log = (run_dir / "logs" / "trainer.log").read_text()
-    assert SYNC_CHECK.findall(log) == ["colocate", "colocate"]  # each rank's own engine
-    assert sorted(p.name for p in (run_dir / "weight-sync").iterdir()) == ["rank-0", "rank-1"]
 
 
 def test_a_server_that_fails_to_start_stops_the_run(tmp_path):

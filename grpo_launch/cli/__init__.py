@@ -22,7 +22,7 @@ def render_error(error: UserError) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grpo_launch.cli import plan, proxy, recipes, rehearse, run  # noqa: F401  (registers the subcommands)
+    from grpo_launch.cli import compare, plan, proxy, recipes, rehearse, report, run, stop  # noqa: F401  (registers the subcommands)
     from grpo_launch.cli.app import app
 
     try:

@@ -12,7 +12,7 @@ from grpo_launch.cli.console import counted, rule
 from grpo_launch.cli.memory_view import print_memory
 from grpo_launch.cli.prediction_view import print_prediction
 from grpo_launch.contracts.plan import Plan, VllmSettings
-from grpo_launch.contracts.shell import shell_line
+from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.plan.documents import document_text
 from grpo_launch.plan.launch_script import command_line
 
@@ -69,13 +69,16 @@ def _scheduler(plan: Plan, console: Console) -> None:
     job = f" · job file {s.job_file} · submitted with `{shell_line(s.submit)}` in the run directory" \
         if s.job_file else ""
     console.print(f"[bold]scheduler[/] {escape(s.kind + job)}")
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("", "nodes", "processes", "started by", "ends"):
-        table.add_column(col, overflow="fold")
-    for g in s.groups:
-        nodes = ",".join(map(str, g.nodes))
-        table.add_row(*map(Text, (g.name, nodes, ", ".join(g.processes) or "-", g.command, g.ends)))
-    console.print(table)
+    if s.jobs:
+        console.print(_jobs(plan))
+    else:
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for col in ("", "nodes", "processes", "started by", "ends"):
+            table.add_column(col, overflow="fold")
+        for g in s.groups:
+            nodes = ",".join(map(str, g.nodes))
+            table.add_row(*map(Text, (g.name, nodes, ", ".join(g.processes) or "-", g.command, g.ends)))
+        console.print(table)
     if s.verbatim:
         console.print(f"[bold]as written[/] in {escape(str(s.job_file))}, not quoted (shell commands and scheduler "
                       f"options, by design):")
@@ -84,6 +87,27 @@ def _scheduler(plan: Plan, console: Console) -> None:
     console.print(f"[bold]node rank[/] {escape(s.node_rank)}")
     console.print("[bold]addresses[/] " + escape(f"{s.addresses}: " + ", ".join(f"node {n} {host}"
                                                                              for n, host in enumerate(plan.hosts))))
+
+
+def _jobs(plan: Plan) -> Table:
+    """The machines a scheduler submits one by one (Hugging Face Jobs), in submit order: each one's flavor and
+    price, image, mount, exposed ports, the address the others reach it at, its command, and when it ends."""
+    s = plan.scheduler
+    unit = "GPU" if plan.device.gpus else "CPU slot"
+    widest = max(j.gpus for j in s.jobs)
+    title = (f"{len(s.jobs)} Jobs, submitted in this order · ${s.price_per_hour:.2f}/h together · each has the "
+             f"{unit}s its node uses (cluster.gpus_per_node={plan.gpus_per_node} is the widest Job's"
+             f"{'' if widest else '; CPU Jobs'}) · {s.storage}")
+    table = Table(box=None, pad_edge=False, header_style="bold", title=title, title_justify="left")
+    for col in ("job", "node", "runs", "flavor", "$/h", "image", "mount", "exposes", "reached at", "ends", "command"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("job", "flavor"))
+    ends = {g.name: g.ends for g in s.groups}
+    for j in s.jobs:
+        table.add_row(j.name, str(j.node), ", ".join(j.processes), f"{j.flavor} ({j.gpus} GPU)" if j.gpus else j.flavor,
+                      f"{j.price_per_hour:.2f}", j.image, "read-only" if j.read_only else "read-write",
+                      ", ".join(f"{port}{' (' + j.health + ')' if j.health else ''}" for port in j.expose) or "-",
+                      j.address, ends[j.name], " ".join(shell_word(a) for a in j.command))
+    return table
 
 
 def vllm_settings_line(v: VllmSettings) -> str:

@@ -17,7 +17,7 @@ EXAMPLES = """
   grpo proxy --replica http://127.0.0.1:8000 --replica http://127.0.0.1:8001 --tokenizer Qwen/Qwen2.5-Math-1.5B
   grpo proxy --port 9000 --replica http://10.0.0.5:8000 --replica http://10.0.0.6:8000 --imbalance 16
   PROXY_KEY=... grpo proxy --host 0.0.0.0 --api-key-env PROXY_KEY --replica http://127.0.0.1:8000
-  curl -s 127.0.0.1:8080/proxy/stats | jq .requests      affinity hits, spills, unmatched
+  curl -s 127.0.0.1:8080/proxy/stats | jq .requests      groups, affinity, spills, unmatched
 
 Point TRL's vllm_server_base_url at the proxy; it sees one vLLM server of data-parallel size 1.
 """

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,7 +53,7 @@ def rehearse_recipe(overrides: list[str], dirs: list[str], *, grace_s: float, ve
 
     from grpo_launch.cli.console import console as plain_console
     from grpo_launch.cli.console import rule
-    from grpo_launch.cli.launching import launch_local, nodes_to_run, submit
+    from grpo_launch.cli.launching import nodes_to_run, start
     from grpo_launch.cli.plan_view import print_plan, processes_table
     from grpo_launch.cli.user_files import check_user_files
     from grpo_launch.compose import anchored, compose
@@ -88,12 +86,9 @@ def rehearse_recipe(overrides: list[str], dirs: list[str], *, grace_s: float, ve
     os.environ.setdefault("MPLCONFIGDIR", str(target.resolve() / "cache" / "matplotlib"))
     if os.environ.get("GRPO_MODEL_CACHE") != "0":
         os.environ["GRPO_MODEL_CACHE"] = "read"
-    if the_plan.scheduler.kind == "local":
-        run_dir, result = launch_local(rehearsed, the_plan, dirs, run_dir=target, nodes=nodes_to_run(the_plan, None),
-                                       grace_s=grace_s, console=console, verbose=verbose)
-        code = result.code
-    else:
-        code, result, run_dir = submit(rehearsed, the_plan, dirs, run_dir=target, console=console), None, target
+    run_dir, result = start(rehearsed, the_plan, dirs, run_dir=target, nodes=nodes_to_run(the_plan, None),
+                            grace_s=grace_s, console=console, verbose=verbose)
+    code = result.code if result is not None else 0
     print_report(console, composed.recipe, features, code, result, run_dir)
     return code
 
@@ -156,13 +151,10 @@ def hub_problem(config: Config) -> str | None:
 
 
 def schedulers_here(config: Config) -> tuple[str, ...]:
-    """The schedulers that can run a job from this machine: always grpo-launch's own; Slurm when a controller
-    answers (installed packages alone are not a cluster)."""
-    if config.scheduler.kind == "slurm" and shutil.which("scontrol"):
-        try:
-            ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
-            if ping.returncode == 0 and " is UP" in ping.stdout:
-                return ("local", "slurm")
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return ("local",)
+    """The schedulers that can run a job from this machine: always grpo-launch's own, and the recipe's where its
+    launcher says a rehearsal can run through it here (a Slurm controller answering)."""
+    from grpo_launch.launch.schedulers import LAUNCHERS
+
+    here = tuple(name for name, launcher in LAUNCHERS.items() if launcher.node_rank)
+    kind = config.scheduler.kind
+    return here + ((kind,) if kind not in here and LAUNCHERS[kind].rehearses_here() else ())

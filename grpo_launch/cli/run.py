@@ -19,6 +19,7 @@ EXAMPLES = """
   grpo run --resume runs/tiny-cpu/20261129-171500 trainer.max_steps=40 --force
   grpo run recipe=tiny-cpu-async-lora              proxy + 2 CPU replicas, LoRA adapter versions through the proxy
   grpo run recipe=qwen72b-colocate --rehearse      its whole process graph small, here on CPU, before the GPUs
+  grpo run recipe=qwen1.5b-async-lora scheduler=hf-jobs --preflight   the async post's Jobs, its bucket checked first
 Every value is quoted wherever a generated file or a printed command holds it, except scheduler.setup (shell
 commands) and scheduler.slurm.sbatch (sbatch options), which run as written. Pass secrets by name: env.passthrough.
 """
@@ -100,6 +101,9 @@ def run(
                                  "log records and progress bars too) instead of the compact training view."),
     multirun: bool = typer.Option(False, "-m", "--multirun", help="Refused: grpo run starts one run at a time; "
                                   "compare the layouts of a sweep with `grpo plan -m` and run the one you pick."),
+    preflight: bool = typer.Option(False, "--preflight", help="scheduler=hf-jobs: before any GPU Job, two cpu-basic "
+                                   "Jobs check the bucket's mount (read-write and read-only at one path), how soon "
+                                   "a file written by one is seen by the other, and that the Jobs reach each other."),
     rehearse: bool = typer.Option(False, "--rehearse", help="Run the recipe's whole process graph small, for real, "
                                   "on this CPU machine (a tiny model, 2 steps, at most 2 loopback nodes), and "
                                   "report what was exercised as is, shrunk, or could not be; `grpo rehearse` too."),
@@ -127,7 +131,8 @@ def run(
     if rehearse:
         from grpo_launch.cli.rehearse import rehearse_recipe
 
-        for flag, given in (("--resume", resume), ("--dry-run", dry_run), ("--node-rank", node_rank)):
+        for flag, given in (("--resume", resume), ("--dry-run", dry_run), ("--node-rank", node_rank),
+                            ("--preflight", preflight)):
             if given not in (None, False):
                 raise UserError(f"{flag} is for a real run; a rehearsal is a run of its own", key=flag,
                                 hint=f"drop {flag}")
@@ -160,10 +165,14 @@ def run(
         raise composed.origins.locate(e, composed.config) from None
     console = plain_console()
     if dry_run:
-        if the_plan.scheduler.kind == "local":  # what `grpo run` checks on this machine before it starts anything
-            from grpo_launch.launch.node import prepare_node
+        from grpo_launch.contracts.schedulers import settings_in
+        from grpo_launch.launch.schedulers import LAUNCHERS
+        from grpo_launch.launch.schedulers.base import Options
 
-            prepare_node(the_plan, nodes, console)
+        launcher = LAUNCHERS[the_plan.scheduler.kind]
+        if not launcher.missing(the_plan):  # what `grpo run` checks here before it writes or starts anything
+            launcher.prepare(the_plan, settings_in(composed.config.scheduler, launcher.name),
+                             Options(grace_s=grace_s, nodes=tuple(nodes), preflight=preflight), console)
         console.print(f"[bold]would write[/] {escape(str(target))}/ (dry run: nothing is written or started)",
                       soft_wrap=True)
         from grpo_launch.plan.launch_script import command_line
@@ -180,12 +189,9 @@ def run(
             console.print(Text.assemble(("would then run", "bold"),
                                         f" {shell_line(the_plan.scheduler.submit)} (in the run directory)"))
         return
-    from grpo_launch.cli.launching import launch_local, submit
+    from grpo_launch.cli.launching import start
 
-    if the_plan.scheduler.kind == "local":
-        code = launch_local(composed, the_plan, dirs, run_dir=resume, nodes=nodes, join=node_rank is not None,
-                            grace_s=grace_s, console=console, verbose=verbose)[1].code
-    else:
-        code = submit(composed, the_plan, dirs, run_dir=resume, console=console)
-    if code:
-        raise typer.Exit(code)
+    result = start(composed, the_plan, dirs, run_dir=resume, nodes=nodes, join=node_rank is not None, grace_s=grace_s,
+                   console=console, verbose=verbose, preflight=preflight)[1]
+    if result is not None and result.code:
+        raise typer.Exit(result.code)

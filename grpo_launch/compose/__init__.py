@@ -260,7 +260,9 @@ def anchored(composed: Composed, cwd: Path) -> Composed:
     config = composed.config
     data, model = config.data, config.model
     if data.source == "files":
-        data = dataclasses.replace(data, path=str(cwd / Path(data.path).expanduser()))  # an absolute path stays
+        # data.eval is a file too, where it has a suffix (a plan check says so otherwise, naming it as given)
+        held_out = str(cwd / Path(data.eval).expanduser()) if data.eval and Path(data.eval).suffix else data.eval
+        data = dataclasses.replace(data, path=str(cwd / Path(data.path).expanduser()), eval=held_out)  # absolute stays
     if names_a_path(model.name_or_path):
         model = dataclasses.replace(model, name_or_path=str(cwd / Path(model.name_or_path).expanduser()))
     if (data, model) == (config.data, config.model):

@@ -20,29 +20,11 @@ from typing import Any
 
 from grpo_launch.contracts.devices import DEVICES
 from grpo_launch.contracts.inputs import Data, Lora
-from grpo_launch.contracts.knobs import ENV_NAME, Form, default_of, knob, violation
+from grpo_launch.contracts.knobs import ENV_NAME, default_of, knob, violation
 from grpo_launch.contracts.proxy import DEFAULT_PROXY_PORT, ProxyKnobs
+from grpo_launch.contracts.schedulers import DECLARED
 from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE
 from grpo_launch.errors import UserError, collect, did_you_mean
-
-# What Slurm's sbatch and SkyPilot accept in the fields grpo-launch writes for them (`#SBATCH --partition=...` is parsed
-# by sbatch, not by a shell: a value must be one token). Slurm: sbatch(1); SkyPilot 0.14: sky/task.py (task names),
-# sky/skylet/constants.py (cluster names, clouds), sky/resources.py (accelerators).
-SLURM_NAME = Form("a Slurm name (letters, digits, _ . -)", r"[A-Za-z0-9_.-]+")
-SLURM_NAMES = Form("Slurm names separated by commas", r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
-SLURM_TIME = Form("a Slurm time limit (minutes, minutes:seconds, hours:minutes:seconds, days-hours, "
-                  "days-hours:minutes, days-hours:minutes:seconds, or UNLIMITED)",
-                  r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE")
-SLURM_GRES = Form("Slurm generic resources, name[[:type]:count] separated by commas",
-                  r"[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+){0,2}(,[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+){0,2})*")
-SBATCH_OPTION = Form("one sbatch option per item (--name=value)", r"(#SBATCH\s+)?-.+")
-SKYPILOT_NAME = Form("a SkyPilot cluster and task name (a letter first, then letters, digits and single or double "
-                     "_ . -, ending alphanumeric)", r"[A-Za-z][A-Za-z0-9]*(?:[._-]{1,2}[A-Za-z0-9]+)*")
-SKYPILOT_ACCELERATORS = Form("SkyPilot accelerators, NAME[:COUNT]",
-                             r"[A-Za-z0-9][A-Za-z0-9_.+-]*(:[A-Za-z0-9_.+-]+){0,2}")
-SKYPILOT_CLOUDS = ("aws", "azure", "gcp", "ibm", "lambda", "scp", "oci", "kubernetes", "runpod", "vast", "vsphere",
-                   "cudo", "fluidstack", "paperspace", "primeintellect", "do", "nebius", "ssh", "slurm", "hyperbolic",
-                   "seeweb", "shadeform", "yotta", "mithril", "verda")
 
 
 @dataclass(kw_only=True)
@@ -226,44 +208,25 @@ class Run:
                                         "under Slurm).", gt=0)
 
 
-@dataclass(kw_only=True)
-class Slurm:
-    partition: str | None = knob(None, "#SBATCH --partition (one, or several separated by commas); null: the "
-                                       "cluster's default partition.", form=SLURM_NAMES)
-    account: str | None = knob(None, "#SBATCH --account to charge.", form=SLURM_NAME)
-    qos: str | None = knob(None, "#SBATCH --qos.", form=SLURM_NAME)
-    time_limit: str | None = knob(None, "#SBATCH --time, e.g. 2-00:00:00; null: the partition's limit.",
-                                  form=SLURM_TIME)
-    gpus_per_node: int | None = knob(None, "#SBATCH --gpus-per-node; null: cluster.gpus_per_node on GPUs, none "
-                                           "on CPU.", ge=0, le=64)
-    gres: str | None = knob(None, "#SBATCH --gres instead of --gpus-per-node, e.g. gpu:h100:8.", form=SLURM_GRES)
-    sbatch: list[str] = knob(factory=list, doc="More #SBATCH options, one per item, written as given (sbatch reads "
-                                               "them as they are), e.g. --constraint=h100 or --mem=0.",
-                             form=SBATCH_OPTION)
-    poll_s: float = knob(1.0, "How often `grpo run` reads the job's state from scontrol.", gt=0)
+def _scheduler_section() -> type:
+    """The `scheduler` section: the kind, the setup lines, and each scheduler's own settings under its key, as the
+    schedulers declare them (`contracts.schedulers`)."""
+    kinds = ", ".join(f"{d.name} ({d.summary})" for d in DECLARED)
+    fields: list[tuple[str, Any, Any]] = [
+        ("kind", str, knob(doc=f"Who starts the processes on the machines: {kinds}. Chosen with scheduler=NAME.",
+                           choices=tuple(d.name for d in DECLARED))),
+        ("setup", list[str], knob(factory=list, doc="Shell commands a scheduler's job runs first on each machine it "
+                                                    "starts (module load ..., source .venv/bin/activate), one line "
+                                                    "each, run as written: they are shell by design; "
+                                                    "scheduler=local starts nothing and ignores them.")),
+    ]
+    fields += [(d.key, d.settings, knob(factory=d.settings, doc=d.doc)) for d in DECLARED if d.key]
+    section = dataclasses.make_dataclass("Scheduler", fields, kw_only=True)
+    section.__module__ = __name__
+    return section
 
 
-@dataclass(kw_only=True)
-class SkyPilot:
-    cluster_name: str | None = knob(None, "`sky launch -c NAME`; null: grpo-<recipe>.", form=SKYPILOT_NAME)
-    cloud: str | None = knob(None, "resources.cloud; null: SkyPilot picks.", choices=SKYPILOT_CLOUDS)
-    accelerators: str | None = knob(None, "resources.accelerators; null: <cluster.gpu_type>:<cluster.gpus_per_node> "
-                                          "on GPUs, none on CPU.", form=SKYPILOT_ACCELERATORS)
-    use_spot: bool = knob(False, "resources.use_spot.")
-    disk_size: int | None = knob(None, "resources.disk_size in GB.", ge=1)
-
-
-@dataclass(kw_only=True)
-class Scheduler:
-    kind: str = knob(doc="Who starts the processes on the machines: local (`grpo run` itself: every node from "
-                         "one command when all are this machine, else `grpo run --node-rank K` on each), slurm (a "
-                         "batch job, job.sbatch), skypilot (a SkyPilot task, task.yaml). Chosen with "
-                         "scheduler=NAME.", choices=("local", "slurm", "skypilot"))
-    setup: list[str] = knob(factory=list, doc="slurm, skypilot: shell commands run on the nodes before "
-                                              "anything else (module load ..., source .venv/bin/activate), one "
-                                              "line each, run as written: they are shell by design.")
-    slurm: Slurm = knob(factory=Slurm, doc="scheduler=slurm: the batch job's resources.")
-    skypilot: SkyPilot = knob(factory=SkyPilot, doc="scheduler=skypilot: the task's resources.")
+Scheduler = _scheduler_section()
 
 
 @dataclass(kw_only=True)

@@ -13,6 +13,10 @@ REWARDS = {
 
 # built-in dataset name -> "module:function" building its rows offline.
 TASKS = {"sevens": "grpo_launch.trainer.tasks:sevens"}
+# data.eval=held-out: the data's last rows, which training skips (a built-in task: rows of its generator that
+# training never sees); HELD_OUT_ROWS of them unless data.eval_samples says.
+HELD_OUT = "held-out"
+HELD_OUT_ROWS = 64
 
 # built-in model name (model.name_or_path=builtin:NAME) -> the module whose `python -m` writes it to a directory.
 MODELS = {"tiny": "grpo_launch.trainer.tiny_model"}

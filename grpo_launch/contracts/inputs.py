@@ -24,6 +24,13 @@ class Data:
                                            "chat-formatted).", any_text=True)
     max_samples: int | None = knob(None, "Use only the first N rows.", ge=1)
     num_samples: int = knob(512, "Rows generated for a built-in task (at most 10,000,000).", ge=1, le=10_000_000)
+    eval: str | None = knob(None, "Held-out prompts, scored with the recipe's reward functions every "
+                                  "trainer.eval_steps and at the end (TRL's evaluation): 'held-out' (the data's last "
+                                  "eval_samples rows, which training skips; a built-in task generates rows training "
+                                  "never sees), a split of the hub dataset (source=hub, e.g. test), or a file or glob "
+                                  "(source=files). null: no evaluation.")
+    eval_samples: int | None = knob(None, "Evaluate on N held-out rows (held-out: 64 by default; a split or file: "
+                                          "its first N, all by default).", ge=1, le=10_000_000)
 
 
 @dataclass(kw_only=True)

@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PHASES = ("generation", "weight_sync", "training", "waiting")
+# Each predicted phase -> the measured phase (contracts.measures.PHASES) it is compared with. The prediction's
+# `training` also holds the old policy's log-probability forward that the trainer measures as `score`.
+MEASURED_AS = {"generation": "generate", "weight_sync": "sync", "training": "train", "waiting": "wait"}
 
 
 @dataclass(frozen=True)

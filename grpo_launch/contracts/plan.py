@@ -252,11 +252,37 @@ class VerbatimLine:
 
 
 @dataclass(frozen=True)
+class JobSpec:
+    """One machine a scheduler submits on its own (a Hugging Face Job): what it runs, on what, and how the other
+    machines reach it. What only the submission knows (the namespace, the bucket's folder of the run, the network
+    group, the secrets' values) is added then."""
+
+    name: str                                  # unique in the run; its network alias
+    node: int
+    processes: tuple[str, ...]                 # the plan's processes it runs
+    supervisor: bool                           # grpo-launch's node supervisor; else its one process's argv, directly
+    image: str
+    command: tuple[str, ...]
+    env: dict[str, str]                        # literal values (never secrets)
+    secrets: tuple[str, ...]                   # names; their values are read where it is submitted
+    flavor: str
+    gpus: int                                  # the GPUs its node's processes use
+    price_per_hour: float                      # the flavor's, in USD
+    read_only: bool                            # how it mounts the run directory
+    expose: tuple[int, ...]                    # ports reachable from outside (with a token)
+    address: str                               # how the other Jobs reach it
+    health: str | None = None                  # polled on its exposed port before the Jobs after it start
+    ready_timeout_s: float | None = None
+    max_restarts: int = 0                      # submitted again if it ends while the trainer runs, this many times
+
+
+
+@dataclass(frozen=True)
 class SchedulerPlan:
     """How the processes reach the machines: the scheduler, its job file, how each node learns its index and the
     addresses, and which nodes run what."""
 
-    kind: str                                  # local, slurm, skypilot
+    kind: str                                  # contracts.schedulers' name
     job_file: str | None                       # the run-directory file the scheduler runs
     submit: tuple[str, ...]                    # the command that submits it, run in the run directory
     node_rank: str                             # how each node learns its index, in words
@@ -264,6 +290,9 @@ class SchedulerPlan:
     groups: tuple[NodeGroup, ...]
     cluster: str | None = None                 # skypilot: the cluster the task runs on (sky cancel, sky down)
     verbatim: tuple[VerbatimLine, ...] = ()    # what the job file runs or passes on as written
+    jobs: tuple[JobSpec, ...] = ()             # machines submitted one by one, in submit order (hf-jobs)
+    storage: str | None = None                 # where the machines find the run directory, in words
+    price_per_hour: float | None = None        # every machine together, in USD
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ DEFAULT_PROXY_PORT = 8080
 class ProxyKnobs:
     host: str = knob(LOOPBACK, "Address the routing proxy binds; any address but loopback (0.0.0.0, the node's "
                                   "own) needs a client key.")
-    imbalance: int = knob(8, "A replica holding the prompt's KV prefix keeps the request while its in-flight count "
-                             "exceeds the least-loaded replica's by at most this much.", ge=0)
+    imbalance: int = knob(8, "Overload margin: a replica whose outstanding tokens exceed the least-loaded replica's by "
+                             "more than this many requests' worth (and are over twice as many) gets no new group and "
+                             "no prefix affinity; a group's own requests always follow it.", ge=0)
     max_tracked_blocks: int = knob(500_000, "Prefix blocks remembered (LRU).", ge=1)
     lora_load_timeout_s: float = knob(300.0, "How long an adapter load waits for every replica to see the adapter "
                                              "directory (shared storage lag).", gt=0)

@@ -1,5 +1,8 @@
 """vLLM's names that the planner and the processes must agree on."""
 
+# The vLLM the plan's `vllm serve` arguments are checked against (the tests run it; pyproject's vllm extra allows it):
+# the official image's tag a scheduler that runs vLLM's image uses.
+VLLM_VERSION = "0.31.0"
 # Ranks vLLM accepts for --max-lora-rank (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Head sizes vLLM's CPU attention has kernels for (vllm/v1/attention/backends/cpu_attn.py).

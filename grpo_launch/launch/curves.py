@@ -1,10 +1,11 @@
-"""What a finished run shows: the reward curve (and loss, KL, completion length) as a PNG, and a summary; and the
+"""What a finished run shows: the reward curve (and loss, KL, completion length) as a PNG; and the
 reading of metrics.jsonl as it grows, which the console's training view shares."""
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +63,7 @@ def quarters(values: list[float]) -> tuple[float, float]:
     return sum(values[:n]) / n, sum(values[-n:]) / n
 
 
-def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    rewards = [r["reward"] for r in records if "reward" in r]
-    if not rewards:
-        return {"steps": 0}
-    first, last = quarters(rewards)
-    return {"steps": records[-1]["step"], "reward_first_quarter": round(first, 4),
-            "reward_last_quarter": round(last, 4), "reward_final": round(rewards[-1], 4)}
-
-
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,22 +76,25 @@ class CurvePlotter:
     """Draws the reward curve in the background: it imports matplotlib (about half a second) while the trainer
     starts, and plots as soon as the trainer logs its closing record, while the trainer's processes tear down (a
     barrier, the process group, the exit: seconds of idle CPU), not after they exited. A run that ends without the
-    closing record (a failure, Ctrl-C) is plotted when `finish` is called."""
+    closing record (a failure, Ctrl-C) is plotted when `finish` is called. `also` draws more pictures then (the
+    report's), in the same thread; `drawn` lists them."""
 
-    def __init__(self, run_dir: Path, title: str) -> None:
+    def __init__(self, run_dir: Path, title: str, also: Callable[[], list[Path]] | None = None) -> None:
         self.run_dir = run_dir
         self.title = title
+        self.also = also
         self.tail = MetricsTail(run_dir / METRICS_FILE, from_end=True)  # a resumed run's earlier records are old
         self.finishing = threading.Event()
         self.records_read = 0  # training records read while waiting for the closing one
         self.curve: Path | None = None
+        self.drawn: list[Path] = []
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._draw, name="reward-curve", daemon=True)
         self.thread.start()
 
     def _draw(self) -> None:
         try:
-            _pyplot()
+            pyplot()
             while not self.finishing.wait(POLL_S):
                 records = self.tail.new_records()
                 if any(CLOSING_KEY in r for r in records):
@@ -107,6 +102,8 @@ class CurvePlotter:
                 self.records_read += len(records)
             records = read_metrics(self.run_dir)
             self.curve = plot(self.run_dir, records, self.title) if records else None
+            if self.also is not None:
+                self.drawn = self.also()
         except BaseException as e:  # noqa: BLE001  (raised again by finish, in the caller's thread)
             self.error = e
 
@@ -123,7 +120,7 @@ def plot(run_dir: Path, records: list[dict[str, Any]], title: str) -> Path | Non
     panels = [(key, label) for key, label in PANELS if any(key in r for r in records)]
     if not panels:
         return None
-    plt = _pyplot()
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     for ax, (key, label) in zip(axes[0], panels, strict=True):

@@ -4,9 +4,10 @@ Three ways to show a run, all of them keeping every line whole in the process's 
 metrics.jsonl:
 
 - in a terminal: a live region at the bottom, redrawn in place, holds what is awaited and the training view (step,
-  mean reward and its trend, loss, KL where there is one, completion length, step time, ETA), read from
-  metrics.jsonl. Above it, what the processes say with a coloured prefix: errors, warnings, readiness. TRL's raw
-  log records (a Python dict of ~30 metrics a step) and progress bars are not echoed: the view shows them;
+  mean reward and its trend, loss, KL where there is one, completion length, step time, the measured phase split
+  and throughput, ETA), read from metrics.jsonl. Above it, what the processes say with a coloured prefix: errors,
+  warnings, readiness. TRL's raw log records (a Python dict of ~30 metrics a step) and progress bars are not
+  echoed: the view shows them;
 - without a terminal (a pipe, CI, a batch job): the same prefixed lines, and the training view as a plain line at
   a steady cadence (the first step, then every `PLAIN_EVERY_S` while steps advance, and the last), without
   control characters;
@@ -30,6 +31,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from grpo_launch.contracts import measures
 from grpo_launch.contracts.shell import shell_line
 from grpo_launch.launch.curves import MetricsTail
 from grpo_launch.launch.result import RunResult
@@ -38,21 +40,26 @@ COLORS = ("green", "magenta", "cyan", "yellow", "blue", "bright_red", "bright_gr
 PLAIN_EVERY_S = 10.0
 TREND_STEPS = 5                   # the reward's trend: the mean of the last records against the ones before
 SPARK = "▁▂▃▄▅▆▇█"
+SHOWN_SHARE = 0.01                # the view's phase split leaves out phases under 1% of the step: noise at a glance
+CURSOR_MOVE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # tqdm moves the cursor up and down between nested bars
 # A tqdm progress bar at the start of a line's last segment: "Map: 100%|██████████| 512/512 [00:00<00:00, ...]".
 PROGRESS_BAR = re.compile(r"^\s*(?:[^|\[]*: )?\s*\d+%\|[^|]*\|[^\[]*\[[^\]]*\]")
 
 
 def echoed_part(text: str) -> str | None:
     """What the compact views show of a process's line: nothing of a TRL log record or a progress bar (the
-    training view shows them), else what is left once any progress bar drawn into the line is taken out (a
-    warning printed right after one)."""
-    last = text.rpartition("\r")[2]
+    training view shows them), nor of a line that only redraws them (the cursor moves of nested progress bars,
+    as evaluation draws one inside training's), else what is left once any progress bar drawn into the line is
+    taken out (a warning printed right after one)."""
+    last = CURSOR_MOVE.sub("", text.rpartition("\r")[2])
     if last.startswith("{'") and last.endswith("}"):
         return None
     if "%|" in last:
         last = PROGRESS_BAR.sub("", last, count=1)
         if not last.strip():
             return None
+    if not last.strip() and text.strip():
+        return None
     return last
 
 
@@ -65,13 +72,19 @@ def _duration(seconds: float) -> str:
 
 
 class TrainingView:
-    """The training as metrics.jsonl tells it: the latest record, the rewards so far, the pace of the steps."""
+    """The training as metrics.jsonl tells it: the latest record, the rewards so far, the pace of the steps, and
+    what the trainer measured (contracts.measures): the latest step's phase split, the throughput since the first
+    step per training GPU (`per`: the trainer ranks and the unit, a CPU process on a CPU run)."""
 
-    def __init__(self, metrics: Path, total_steps: int) -> None:
+    def __init__(self, metrics: Path, total_steps: int, per: tuple[int, str] | None = None) -> None:
         self.tail = MetricsTail(metrics)
         self.total = total_steps if total_steps > 0 else None
+        self.per = per
         self.step = 0
         self.latest: dict = {}
+        self.measured: dict = {}                        # the latest measure record
+        self.completions = 0                            # so far, and the measured steps' wall time
+        self.measured_s = 0.0
         self.rewards: deque[float] = deque(maxlen=4 * TREND_STEPS)
         self.times: deque[tuple[int, float]] = deque(maxlen=2 * TREND_STEPS)  # (step, wall time) of the records
 
@@ -80,6 +93,11 @@ class TrainingView:
         records = self.tail.new_records()
         for record in records:
             self.step = record["step"]
+            if measures.is_measure(record):
+                if self.measured:  # after the first step, which carries one-time costs (as the report counts)
+                    self.completions += record.get(measures.COMPLETIONS) or 0
+                    self.measured_s += record[measures.STEP_S]
+                self.measured = record
             if "reward" in record:  # a training step's record, not the run's closing summary
                 self.latest = record
                 self.rewards.append(record["reward"])
@@ -99,6 +117,8 @@ class TrainingView:
         return sum(recent[half:]) / (len(recent) - half) - sum(recent[:half]) / half
 
     def step_seconds(self) -> float | None:
+        if self.measured:
+            return self.measured[measures.STEP_S]
         if "step_time" in self.latest:
             return self.latest["step_time"]
         if len(self.times) < 2:
@@ -129,10 +149,25 @@ class TrainingView:
         seconds = self.step_seconds()
         if seconds is not None:
             out.append(("step time", f"{seconds:.2f} s"))
+        if self.measured:
+            split = self.phase_split()
+            if split:
+                out.append(("phases", split))
+            if self.per and self.completions and self.measured_s:
+                count, unit = self.per
+                out.append(("throughput", f"{self.completions / self.measured_s / count:.3g} completions/s per "
+                                          f"training {unit}"))
         eta = self.eta()
         if eta is not None and not self.done:
             out.append(("ETA", _duration(eta)))
         return out
+
+    def phase_split(self) -> str:
+        """The latest step's phases that took at least `SHOWN_SHARE` of it, as shares: 'generate 34% train 40%'."""
+        r = self.measured
+        seconds = {p: r.get(measures.phase_key(p)) or 0.0 for p in measures.PHASES}
+        total = sum(seconds.values())
+        return " ".join(f"{p} {100 * s / total:.0f}%" for p, s in seconds.items() if total and s / total >= SHOWN_SHARE)
 
     def plain(self) -> str:
         return " · ".join(f"{name} {value}" for name, value in self.fields())
@@ -248,8 +283,8 @@ class ConsoleDisplay:
     def restarting(self, name: str, why: str, attempt: int, limit: int) -> None:
         self.say(f"{name} {why}: restarting it ({attempt} of {limit})", style="bold yellow")
 
-    def training(self, metrics: Path, total_steps: int) -> None:
-        self.view = TrainingView(metrics, total_steps)
+    def training(self, metrics: Path, total_steps: int, per: tuple[int, str] | None = None) -> None:
+        self.view = TrainingView(metrics, total_steps, per)
 
     def tick(self) -> None:
         changed = self.view is not None and self.view.update()

@@ -61,6 +61,7 @@ class JobFollower:
         self.tails = {name: LogTail(run_dir / LOGS_DIR / f"{name}.log") for name in names}
         self.display = ConsoleDisplay(console, names)
         self.max_steps = plan.trainer_inputs.max_steps
+        self.per = (plan.world_size, plan.device.slot)
         self.presses = 0
 
     def _on_signal(self, signum, frame) -> None:
@@ -79,7 +80,7 @@ class JobFollower:
         last_state, next_poll = None, 0.0
         try:
             with self.display:
-                self.display.training(self.run_dir / METRICS_FILE, self.max_steps)
+                self.display.training(self.run_dir / METRICS_FILE, self.max_steps, per=self.per)
                 while True:
                     self._stream()
                     if time.monotonic() >= next_poll:

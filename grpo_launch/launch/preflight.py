@@ -49,8 +49,11 @@ def check_data_files(plan: Plan) -> None:
     """A files dataset must match a file here. (A relative path names one the run directory holds: the paths
     given on the command line were anchored where grpo runs.)"""
     data = plan.trainer_inputs.data
-    if data.source == "files" and data.path.startswith("/"):
-        _data_files(data)
+    if data.source != "files":
+        return
+    for key, pattern in (("data.path", data.path), ("data.eval", data.eval)):
+        if pattern and pattern.startswith("/"):
+            _matching(key, pattern)
 
 
 def check_ports_free(plan: Plan, node: int) -> None:
@@ -221,7 +224,7 @@ def check_data_rows(data: Data, prompt_room: int | None = None,
     """A files dataset: its files exist, every row has the prompt column (and the answer column, whose dotted path
     reaches into a row), and, where `tokens` counts them, the longest prompt leaves the completion its room."""
     longest, at = 0, ""
-    for path in _data_files(data):
+    for path in _matching("data.path", data.path):
         try:
             for n, row in enumerate(_rows(path), 1):
                 prompt = _column(row, data.prompt_column, "data.prompt_column", path, n)
@@ -238,10 +241,10 @@ def check_data_rows(data: Data, prompt_room: int | None = None,
                         hint="raise vllm.max_model_len, lower trainer.max_completion_length, or drop the long rows")
 
 
-def _data_files(data: Data) -> list[str]:
-    paths = sorted(glob.glob(os.path.expanduser(data.path)))
+def _matching(key: str, pattern: str) -> list[str]:
+    paths = sorted(glob.glob(os.path.expanduser(pattern)))
     if not paths:
-        raise UserError(f"data.path {data.path} matches no file", key="data.path",
+        raise UserError(f"{key} {pattern} matches no file", key=key,
                         hint="give a path relative to where you run grpo, or an absolute one")
     return paths
 

@@ -572,7 +572,8 @@ class Supervisor:
         if self.presses:  # stopped while preparing
             return False
         if any(c.spec.role == Role.TRAINER for c in self.children):
-            self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_inputs.max_steps)
+            self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_inputs.max_steps,
+                                  per=(self.plan.world_size, self.plan.device.slot))
         await self._advance()
         while not (self.failures or self._trainers_done()):
             event = await self.events.get()

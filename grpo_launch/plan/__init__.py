@@ -33,13 +33,20 @@ from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.documents import accelerate_config, check_zero, deepspeed_config, sharding
 from grpo_launch.plan.launch_script import launch_script
 from grpo_launch.plan.layout import Layout
-from grpo_launch.plan.model import prepare_steps, resolve_model
+from grpo_launch.plan.model import ModelSource, prepare_steps, resolve_model
 from grpo_launch.plan.placements import placement_of
 from grpo_launch.plan.placements.base import Placement
+from grpo_launch.plan.schedulers import scheduler_of
 from grpo_launch.plan.secrets import check_secrets
 from grpo_launch.plan.serving import watched
 from grpo_launch.plan.step_time import predict as predict_step_time
-from grpo_launch.plan.trainer_args import build_trainer_args, build_trainer_inputs, check_rewards, check_unmanaged
+from grpo_launch.plan.trainer_args import (
+    build_trainer_args,
+    build_trainer_inputs,
+    check_evaluation,
+    check_rewards,
+    check_unmanaged,
+)
 from grpo_launch.plan.trainer_launch import trainer_processes
 
 if TYPE_CHECKING:
@@ -48,10 +55,10 @@ if TYPE_CHECKING:
 __all__ = ["Plan", "ProcessSpec", "build_plan"]
 
 
-def _gpu_map(config: Config, layout: Layout, engines: list[Engine], placement: Placement) -> tuple[tuple[str, ...],
-                                                                                                  ...]:
+def _gpu_map(config: Config, layout: Layout, engines: list[Engine], placement: Placement,
+             unused: str) -> tuple[tuple[str, ...], ...]:
     c = config.cluster
-    grid = [["idle"] * c.gpus_per_node for _ in range(c.nodes)]
+    grid = [[unused] * c.gpus_per_node for _ in range(c.nodes)]
     for rank in range(layout.world_size):
         node, gpu = layout.rank_location(rank)
         grid[node][gpu] = f"train {rank}"
@@ -63,10 +70,11 @@ def _gpu_map(config: Config, layout: Layout, engines: list[Engine], placement: P
 
 
 def _idle_warning(ctx: Context, layout: Layout) -> list[str]:
-    """GPUs held and left idle are paid for; an idle CPU process slot costs nothing."""
+    """GPUs held and left idle are paid for; an idle CPU process slot costs nothing, and a scheduler whose machines
+    are sized to what they run holds no GPU that none uses."""
     c = ctx.config.cluster
     idle = layout.idle(c.nodes, c.gpus_per_node)
-    if not idle or not ctx.device.gpus:
+    if not idle or not ctx.device.gpus or ctx.scheduler.sized_machines:
         return []
     where = ", ".join(f"node {n} GPU {g}" for n, g in idle)
     return [f"{len(idle)} GPU(s) idle: {where}"]
@@ -90,17 +98,31 @@ def _checked(composed: Composed, ctx: Context, placement: Placement) -> tuple[Pl
             lambda: ctx.scheduler.check(config),
             lambda: trl_fields.check_trainer_args(config.trainer, placement.trainer_class),
             lambda: check_context(config, placement.trainer_class, ctx.model),
-            lambda: check_unmanaged(config.trainer),
+            lambda: check_unmanaged(config.trainer), lambda: check_evaluation(config, placement),
             lambda: found.update(rewards=check_rewards(config)),
             lambda: found.update(result=placement.plan(ctx)))
     check_tensor_parallel(config, ctx.model)  # after the layout's own TP rules: a size that cannot be laid out first
     return found["result"], found["rewards"]
 
 
+def _shaped(config: Config, placement: Placement, model: ModelSource) -> tuple[Config, int | None]:
+    """The cluster as the scheduler gets its machines (`Scheduler.shape`), and the trainer nodes' GPUs when each vLLM
+    engine gets a machine of its own. A recipe the scheduler or the placement refuses keeps its cluster: its mistakes
+    are reported with every other (`_checked`)."""
+    scheduler = scheduler_of(config)
+    try:
+        scheduler.check(config)
+        return scheduler.shape(config, lambda c: placement.plan(Context(c, model=model)).layout)
+    except UserError:
+        return config, None
+
+
 def _planned(composed: Composed) -> Plan:
     config = composed.config
     placement = placement_of(config)
-    ctx = Context(config, model=resolve_model(config))
+    model = resolve_model(config)
+    config, engines_apart = _shaped(config, placement, model)
+    ctx = Context(config, model=model, engines_apart=engines_apart)
     result, rewards = _checked(composed, ctx, placement)
     layout = result.layout
     world = layout.world_size
@@ -122,7 +144,7 @@ def _planned(composed: Composed) -> Plan:
     processes = watched(config, (*result.services, *trainers))
     prepare = prepare_steps(config, ctx.model)
     files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes)
-    scheduled, job_files = ctx.scheduler.job(config, composed.recipe, processes)
+    scheduled, job_files = ctx.scheduler.job(config, composed.recipe, processes, prepare)
     files.update(job_files)
     plan = Plan(
         recipe=composed.recipe,
@@ -139,7 +161,8 @@ def _planned(composed: Composed) -> Plan:
         zero_stage=config.zero.stage,
         engines=tuple(result.engines),
         processes=processes,
-        gpu_map=_gpu_map(config, layout, result.engines, placement),
+        gpu_map=_gpu_map(config, layout, result.engines, placement,
+                         "-" if ctx.scheduler.sized_machines else "idle"),
         ports=ctx.ports.claims(),
         files=files,
         prepare=prepare,
@@ -149,7 +172,8 @@ def _planned(composed: Composed) -> Plan:
         batch=batch,
         sharding=shared,
         scheduler=scheduled,
-        warnings=tuple(ctx.warnings + _idle_warning(ctx, layout) + exposed_dev_mode(processes)),
+        warnings=tuple(ctx.warnings + _idle_warning(ctx, layout) + ctx.scheduler.warnings(config, scheduled)
+                       + exposed_dev_mode(processes)),
     )
     plan = replace(plan, memory=estimate_memory(config, plan, placement, ctx.model.resolved))  # the CLI decides
     return replace(plan, prediction=predict_step_time(config, plan, placement, ctx.model.resolved))

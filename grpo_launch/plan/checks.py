@@ -9,7 +9,7 @@ from pathlib import PurePath
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.compose.trl_fields import effective
-from grpo_launch.contracts.builtins import REWARDS, TASKS
+from grpo_launch.contracts.builtins import HELD_OUT, REWARDS, TASKS
 from grpo_launch.contracts.devices import Device
 from grpo_launch.contracts.hosts import is_loopback
 from grpo_launch.contracts.plan import ProcessSpec, Reward
@@ -50,6 +50,23 @@ def check_data(config: Config) -> None:
     if d.source == "files" and not d.path.endswith(DATA_SUFFIXES):
         raise UserError(f"data.path '{d.path}' is not a {'/'.join(DATA_SUFFIXES)} file or glob", key="data.path",
                         hint="use data.source=hub for a dataset on the hub")
+    if d.eval is None:
+        if d.eval_samples is not None:
+            raise UserError("data.eval_samples is set but data.eval is not", key="data.eval_samples",
+                            hint="set data.eval (a split, a file, or held-out for a built-in task), or drop it")
+        if config.trainer.get("eval_strategy", "no") != "no":
+            raise UserError(f"trainer.eval_strategy={config.trainer['eval_strategy']} evaluates, but data.eval names "
+                            f"no held-out prompts", key="trainer.eval_strategy",
+                            hint="set data.eval (a split, a file, or held-out for a built-in task)")
+    elif d.eval == HELD_OUT:
+        return
+    elif d.source == "builtin":
+        raise UserError(f"data.eval={d.eval!r}: a built-in task's held-out rows are '{HELD_OUT}'", key="data.eval",
+                        hint=f"data.eval={HELD_OUT}")
+    elif d.source == "files" and not d.eval.endswith(DATA_SUFFIXES):
+        raise UserError(f"data.eval '{d.eval}' is not a {'/'.join(DATA_SUFFIXES)} file or glob", key="data.eval",
+                        hint=f"a file of the same format, or {HELD_OUT} (the data's last rows, which training then "
+                             f"skips)")
 
 
 def reward_target(fn: str, key: str) -> str:

@@ -22,6 +22,9 @@ class Context:
 
     config: Config
     model: ModelSource
+    # Each vLLM engine on a machine of its own, the trainer nodes keeping this many GPUs each (a scheduler whose
+    # machines are sized to what they run); None: engines share nodes, from the last one down.
+    engines_apart: int | None = None
     warnings: list[str] = field(default_factory=list)
     device: Device = field(init=False)
     scheduler: Scheduler = field(init=False)

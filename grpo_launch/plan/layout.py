@@ -51,10 +51,21 @@ def shared_layout(config: Config) -> Layout:
     return Layout(tuple(range(nodes)), tuple(range(c.gpus_per_node)), ())
 
 
-def dedicated_layout(config: Config, engines: int, gpus_per_engine: int, engines_key: str | None = None) -> Layout:
+def dedicated_layout(config: Config, engines: int, gpus_per_engine: int, engines_key: str | None = None,
+                     apart: int | None = None) -> Layout:
     """`engines` vLLM engines of `gpus_per_engine` GPUs each on their own GPUs; the trainer on the rest.
-    `engines_key`: the recipe key that sets how many engines (None: one, always)."""
+    `engines_key`: the recipe key that sets how many engines (None: one, always). `apart`: each engine on a machine of
+    its own (GPUs from 0), the trainer nodes first with `apart` GPUs each (a scheduler whose machines are sized to
+    what they run: one Hugging Face Job each)."""
     c = config.cluster
+    if apart is not None:
+        trainer_nodes = c.nodes - engines
+        if trainer_nodes < 1 or gpus_per_engine > c.gpus_per_node or apart > c.gpus_per_node:
+            raise UserError(f"{engines} vLLM engine(s), each on a machine of its own, and the trainer need more than "
+                            f"the {c.nodes} node(s) x {c.gpus_per_node} GPU(s) planned", key="cluster.nodes",
+                            hint="the scheduler shapes the nodes itself: leave cluster.nodes as the recipe sets it")
+        engine_gpus = tuple((trainer_nodes + i, tuple(range(gpus_per_engine))) for i in range(engines))
+        return Layout(tuple(range(trainer_nodes)), tuple(range(apart)), engine_gpus)
     if gpus_per_engine > c.gpus_per_node:
         raise UserError(f"a vLLM engine needs vllm.tensor_parallel_size={gpus_per_engine} GPUs but a node has "
                         f"{c.gpus_per_node}", key="vllm.tensor_parallel_size",

@@ -17,12 +17,13 @@ from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config, Model, TinyModel
 from grpo_launch.contracts.devices import CPU
 from grpo_launch.contracts.hosts import LOOPBACK
-from grpo_launch.contracts.plan import Plan, Role, Trainer
+from grpo_launch.contracts.plan import Plan, Role
 from grpo_launch.contracts.rundir import CHECKPOINTS_DIR
 from grpo_launch.contracts.userdirs import XDG_CACHE_HOME
 from grpo_launch.contracts.vllm import VLLM_LORA_RANKS
 from grpo_launch.plan.placements import placement_of
 from grpo_launch.plan.placements.base import Placement
+from grpo_launch.plan.schedulers import SCHEDULERS
 from grpo_launch.plan.trainer_args import output_dir
 
 KEPT, SHRUNK, COULD_NOT = "kept", "shrunk", "could not"
@@ -131,7 +132,7 @@ def derive(config: Config, plan: Plan, *, host_memory_gib: float, hub: str | Non
     names the caller's environment sets (a cache it sets stays where it points)."""
     placement = placement_of(config)
     parts = (_where(config, plan, placement, host_memory_gib), _scheduler(config, schedulers), _model(config),
-             _vllm(config, plan), _training(config, plan, placement), _data(config, hub),
+             _vllm(config, plan, placement), _training(config, plan, placement), _data(config, hub),
              _caches(config, environment))
     changes = {k: v for part in parts for k, v in part.changes.items()}
     return Rehearsal(replaced(config, changes), tuple(f for part in parts for f in part.features),
@@ -170,12 +171,12 @@ def _where(config: Config, plan: Plan, placement: Placement, host_memory_gib: fl
 def _scheduler(config: Config, schedulers: Collection[str]) -> Part:
     """The scheduler where it can run a job here, else `grpo run` itself; the job asks for no GPUs."""
     s = config.scheduler
-    changes = {"scheduler.slurm.gpus_per_node": None, "scheduler.slurm.gres": None}
+    on_cpu = SCHEDULERS[s.kind].on_cpu(s)
     if s.kind in schedulers:
-        return Part((_feature("scheduler", s.kind, s.kind),), changes)
+        return Part((_feature("scheduler", s.kind, s.kind),), {"scheduler": on_cpu})
     return Part((_feature("scheduler", s.kind, "local", f"no {s.kind} here: `grpo run` starts every node itself "
                           f"(`grpo plan --dry-run` shows the job file)", impossible=True),),
-                changes | {"scheduler.kind": "local"})
+                {"scheduler": replace(on_cpu, kind="local")})
 
 
 def _model(config: Config) -> Part:
@@ -198,7 +199,7 @@ def _model(config: Config) -> Part:
     return Part(tuple(features), {"model": model})
 
 
-def _vllm(config: Config, plan: Plan) -> Part:
+def _vllm(config: Config, plan: Plan, placement: Placement) -> Part:
     """vLLM at TP 1, at most MAX_REPLICAS replicas, a context a character tokenizer's prompts fit, CPU blocks."""
     v, a = config.vllm, config.placement.async_lora
     changes = {"vllm": replace(v, tensor_parallel_size=1, max_model_len=CONTEXT, block_size=CPU.block_multiple,
@@ -206,7 +207,6 @@ def _vllm(config: Config, plan: Plan) -> Part:
                "placement.colocate.sleep_level": 0, "placement.async_lora.replicas": min(a.replicas, MAX_REPLICAS),
                "placement.async_lora.stagger_s": 0.0}
     features: list[Feature] = []
-    inputs = plan.trainer_inputs
     dedicated = [e for e in plan.engines if e.process is not None]
     if v.enabled:
         features.append(_feature("vLLM tensor parallel size", v.tensor_parallel_size, 1))
@@ -218,13 +218,7 @@ def _vllm(config: Config, plan: Plan) -> Part:
         if plan.vllm.sleep_level and not CPU.sleep_mode:
             features.append(_feature("vLLM sleep mode", f"level {plan.vllm.sleep_level}", "off (level 0)",
                                      "vLLM has no sleep mode on a CPU (CUDA, ROCm and XPU only)", impossible=True))
-        if inputs.weight_sync != CPU.dense_weight_sync and inputs.lora is None:
-            how = "NCCL to the server" if dedicated else "direct loads into the colocated engines"
-            features.append(_feature("weight sync", f"TRL's ({how})", "weights written to the run directory and "
-                                     "reloaded by vLLM", "NCCL and TRL's direct loads need CUDA", impossible=True))
-    if inputs.trainer == Trainer.ASYNC_GRPO:
-        features.append(_feature("trainer", "AsyncGRPOTrainer (FSDP2)", "TRL's async pieces in one process",
-                                 "AsyncGRPOTrainer needs CUDA", impossible=True))
+    features += [_feature(*gpu_only, impossible=True) for gpu_only in placement.needs_cuda(plan)]
     return Part(tuple(features), changes)
 
 

@@ -55,6 +55,14 @@ def output_dir(config: Config) -> str:
     return str(config.trainer.get("output_dir", CHECKPOINTS_DIR))
 
 
+def check_evaluation(config: Config, placement: Placement) -> None:
+    """data.eval where the placement's trainer can evaluate it."""
+    if config.data.eval is not None and placement.no_evaluation:
+        raise UserError(f"data.eval is set, and placement {placement.name} cannot evaluate: TRL "
+                        f"{trl_fields.trl_version()}'s {placement.no_evaluation}", key="data.eval",
+                        hint="drop data.eval, or evaluate the saved adapter apart from the run")
+
+
 def build_trainer_args(ctx: Context, placement: Placement, placement_args: dict[str, Any],
                        shared: Sharding) -> dict[str, Any]:
     """`shared`: how the trainer ranks share the model."""
@@ -65,6 +73,8 @@ def build_trainer_args(ctx: Context, placement: Placement, placement_args: dict[
         # the graph every step, and a warning from every rank. A causal LM's forward uses every trainable parameter
         # (a LoRA's adapters too); a model that leaves some unused sets trainer.ddp_find_unused_parameters=true.
         args["ddp_find_unused_parameters"] = False
+    if config.data.eval is not None:  # check_evaluation refused it where the placement cannot evaluate
+        args["eval_strategy"] = "steps"  # every eval_steps (TRL: logging_steps unless set); the trainer adds the end
     args.update(config.trainer)
     args.update(placement.model_args(config))
     args.update(placement_args)

@@ -1,10 +1,12 @@
 """State changes every replica must make together: adapter loads and unloads, pause/resume, sleep, cache resets.
 
-A replica that cannot be reached during a broadcast has left routing; it catches up when it returns (see fleet).
-An adapter load is all-or-nothing: a replica that cannot see the adapter directory yet (shared storage lags) is
-asked again until `lora_load_timeout_s`; any other refusal unloads the adapter from the replicas that did load it
-and returns the error. A mount that never shows the directory answers 504, never 404: TRL reads a 404 from
-/v1/load_lora_adapter as "runtime LoRA updating is off".
+A replica that refuses the connection has left routing; one whose answer never comes (the connection dropped after the
+call was sent, or no answer in time) did something unknown: it leaves routing too. Either way it is brought to the
+fleet's whole state when it answers /health again (see fleet), so the outcome is decided by the replicas that answered.
+An adapter load, a pause and a resume are all-or-nothing: a refusal is undone on the replicas that had accepted (the
+adapter unloaded, the pause resumed, the resume paused again) and returned. A replica that cannot see the adapter
+directory yet (shared storage lags) is asked again until `lora_load_timeout_s`; a mount that never shows the
+directory answers 504, never 404: TRL reads a 404 from /v1/load_lora_adapter as "runtime LoRA updating is off".
 """
 
 from __future__ import annotations
@@ -33,49 +35,54 @@ class Outcome:
 @dataclass(frozen=True)
 class _Answer:
     replica: int
-    reply: Reply | None   # None: no answer in time, or gone
-    gone: bool = False    # refused or dropped the connection: out of routing until it returns
+    reply: Reply | None   # None: it left routing (refused, dropped, or no answer in time) and will be re-synced
 
 
 async def _send(fleet: Fleet, index: int, path_qs: str, body: bytes, headers: dict[str, str]) -> _Answer:
     replica = fleet.replicas[index]
     try:
         return _Answer(index, await fleet.upstream.call(replica.url, "POST", path_qs, body=body, headers=headers))
-    except aiohttp.ClientConnectionError as e:
-        fleet.mark_dead(index, f"{path_qs.split('?')[0]} failed: {type(e).__name__}")
-        return _Answer(index, None, gone=True)
-    except TimeoutError:
-        return _Answer(index, None)
+    except aiohttp.ClientConnectorError as e:
+        fleet.mark_dead(index, f"{path_qs.split('?')[0]}: connection refused ({e.os_error or e})")
+    except (aiohttp.ClientError, TimeoutError) as e:
+        fleet.mark_dead(index, f"{path_qs.split('?')[0]} sent, no answer ({type(e).__name__}): re-synced on return")
+    return _Answer(index, None)
 
 
 def _describe(fleet: Fleet, answers: list[_Answer]) -> str:
-    parts = []
-    for a in answers:
-        what = "no answer in time" if a.reply is None else f"{a.reply.status} {a.reply.text.strip()[:300]}"
-        parts.append(f"{fleet.replicas[a.replica].url}: {what}")
-    return "; ".join(parts)
+    return "; ".join(f"{fleet.replicas[a.replica].url}: {a.reply.status} {a.reply.text.strip()[:300]}"
+                     for a in answers if a.reply is not None)
 
 
 def _no_replica(path: str) -> Outcome:
-    return Outcome(error_reply(503, f"no replica is in routing to receive {path}", "ServiceUnavailable"),
-                   "no_replica")
+    return Outcome(error_reply(503, f"no replica in routing answered {path}", "ServiceUnavailable"), "no_replica")
+
+
+# What undoes an accepted state change when another replica refused it. A resume is undone with the fleet's pause.
+UNDO = {"/pause": lambda fleet: "/resume", "/resume": lambda fleet: fleet.paused}
 
 
 async def broadcast(fleet: Fleet, path: str, path_qs: str, body: bytes, headers: dict[str, str],
                     ok_statuses: Collection[int] = (200,)) -> Outcome:
-    """Send to every replica in routing; the first reply when all accept, else the first refusal, naming all."""
+    """Send to every replica in routing; the first reply when all that answered accept, else the first refusal,
+    naming every refusing replica, after undoing a pause or resume on the replicas that accepted it."""
     async with fleet.lock:
         targets = fleet.available()
         answers = [a for a in await asyncio.gather(*(_send(fleet, i, path_qs, body, headers) for i in targets))
-                   if not a.gone]
+                   if a.reply is not None]
         if not answers:
             return _no_replica(path)
-        failed = [a for a in answers if a.reply is None or a.reply.status not in ok_statuses]
+        failed = [a for a in answers if a.reply.status not in ok_statuses]
         if failed:
-            first = failed[0].reply
-            status = first.status if first is not None else 504
-            return Outcome(error_reply(status, f"{path} failed on {len(failed)} of {len(answers)} replicas: "
-                                               f"{_describe(fleet, failed)}", "BroadcastError"), "failed")
+            undo = UNDO[path](fleet) if path in UNDO else None
+            if undo is not None:
+                accepted = [a.replica for a in answers if a.reply.status in ok_statuses]
+                await _undo(fleet, accepted, undo, headers)
+            message = f"{path} failed on {len(failed)} of {len(answers)} replicas: {_describe(fleet, failed)}"
+            if undo is not None:
+                message += f"; undone with {undo.split('?')[0]} where it was accepted"
+            return Outcome(error_reply(failed[0].reply.status, message, "BroadcastError"),
+                           "rolled_back" if undo is not None else "failed")
         if path == "/pause":
             fleet.paused = path_qs
         elif path == "/resume":
@@ -86,13 +93,23 @@ async def broadcast(fleet: Fleet, path: str, path_qs: str, body: bytes, headers:
         return Outcome(next((a.reply for a in answers if a.reply.status == 200), answers[0].reply), "ok")
 
 
+async def _undo(fleet: Fleet, replicas: list[int], path_qs: str, headers: dict[str, str],
+                body: bytes = b"", ok_statuses: Collection[int] = (200,)) -> None:
+    """A replica that does not accept the undo is left in an unknown state: out of routing, re-synced on return."""
+    answers = await asyncio.gather(*(_send(fleet, i, path_qs, body, headers) for i in replicas))
+    for a in answers:
+        if a.reply is not None and a.reply.status not in ok_statuses:
+            fleet.mark_dead(a.replica, f"undoing with {path_qs.split('?')[0]} answered {a.reply.status}: "
+                                       f"re-synced on return")
+
+
 async def unload_adapter(fleet: Fleet, path_qs: str, body: bytes, headers: dict[str, str]) -> Outcome:
     """Unload everywhere; a replica that does not have the adapter (404) is already where it should be. Only when
     no replica had it does the answer stay vLLM's 404."""
     name = _field(body, "lora_name")
     outcome = await broadcast(fleet, UNLOAD, path_qs, body, headers, ok_statuses=(200, 404))
     if outcome.label == "ok" and name is not None:
-        fleet.adapters.pop(name, None)
+        fleet.unloaded(name)
     return outcome
 
 
@@ -105,14 +122,14 @@ async def load_adapter(fleet: Fleet, path_qs: str, body: bytes, headers: dict[st
     async with fleet.lock:
         targets = fleet.available()
         deadline = loop.time() + timeout_s
-        give_up = asyncio.Event()  # one replica refused or timed out: the others stop waiting for the mount
+        give_up = asyncio.Event()  # one replica refused: the others stop waiting for the mount
 
         async def load_on(index: int) -> _Answer:
             while True:
                 answer = await _send(fleet, index, path_qs, body, headers)
-                if answer.gone or (answer.reply is not None and answer.reply.status == 200):
+                if answer.reply is None or answer.reply.status == 200:
                     return answer
-                if answer.reply is None or not _not_visible_yet(answer.reply) or loop.time() + retry_s > deadline:
+                if not _not_visible_yet(answer.reply) or loop.time() + retry_s > deadline:
                     give_up.set()
                     return answer
                 try:
@@ -121,26 +138,27 @@ async def load_adapter(fleet: Fleet, path_qs: str, body: bytes, headers: dict[st
                 except TimeoutError:
                     pass
 
-        answers = [a for a in await asyncio.gather(*(load_on(i) for i in targets)) if not a.gone]
+        answers = [a for a in await asyncio.gather(*(load_on(i) for i in targets)) if a.reply is not None]
         if not answers:
             return _no_replica(LOAD)
-        loaded = [a for a in answers if a.reply is not None and a.reply.status == 200]
+        loaded = [a for a in answers if a.reply.status == 200]
         if len(loaded) == len(answers):
-            fleet.adapters[name] = path
+            fleet.loaded(name, path)
             return Outcome(loaded[0].reply, "ok")
 
-        # Roll back: unload where it loaded, and where the answer never came (it may have loaded since).
-        undo = [a.replica for a in answers if a.reply is None or a.reply.status == 200]
-        unload = json.dumps({"lora_name": name}).encode()
-        await asyncio.gather(*(_send(fleet, i, UNLOAD, unload, headers) for i in undo))
-        refused = [a for a in answers if a.reply is not None and a.reply.status != 200
-                   and not _not_visible_yet(a.reply)]
-        undone = f"unloaded again from {len(undo)} replica(s)" if undo else "loaded on no replica"
+        # Roll back: unload where it loaded. A replica that left routing meanwhile may have loaded it: the name is
+        # retired, so it is unloaded there when it returns (unless the fleet already served that name).
+        if name not in fleet.adapters:
+            fleet.unloaded(name)
+        await _undo(fleet, [a.replica for a in loaded], UNLOAD, headers, json.dumps({"lora_name": name}).encode(),
+                    ok_statuses=(200, 404))
+        refused = [a for a in answers if a.reply.status != 200 and not _not_visible_yet(a.reply)]
+        undone = f"unloaded again from {len(loaded)} replica(s)" if loaded else "loaded on no replica"
         if refused:
             status = refused[0].reply.status
             message = f"adapter {name} refused: {_describe(fleet, refused)}; {undone}"
             return Outcome(error_reply(status, message, "AdapterLoadError"), "rolled_back")
-        waiting = [a for a in answers if a.reply is None or a.reply.status != 200]
+        waiting = [a for a in answers if a.reply.status != 200]
         message = (f"adapter {name} not loadable everywhere within {timeout_s:g} s (is {path} visible on every "
                    f"replica's storage?): {_describe(fleet, waiting)}; {undone}")
         return Outcome(error_reply(504, message, "AdapterLoadTimeout"), "timeout")
@@ -153,7 +171,8 @@ def _not_visible_yet(reply: Reply) -> bool:
 
 def _field(body: bytes, key: str) -> str | None:
     try:
-        value = json.loads(body).get(key)
-    except (ValueError, AttributeError):
+        value = json.loads(body)
+    except ValueError:
         return None
+    value = value.get(key) if isinstance(value, dict) else None
     return value if isinstance(value, str) and value else None

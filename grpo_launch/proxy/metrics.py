@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_launch.proxy.router import AFFINITY, SPILL, UNMATCHED, Decision
+from grpo_launch.proxy.router import KINDS, Decision
 
 # Seconds. Generation takes 0.1 s to minutes; the low buckets show routing-only answers (stats, errors).
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -70,9 +70,9 @@ class ProxyStats:
         for (path, outcome), n in sorted(self.broadcasts.items()):
             broadcasts.setdefault(path, {})[outcome] = n
         return {
-            "requests": {"routed": total, **{k: kinds[k] for k in (AFFINITY, SPILL, UNMATCHED)},
+            "requests": {"routed": total, **{k: kinds[k] for k in KINDS},
                          "untokenized": self.untokenized, "retries": self.retries},
-            "rates": {k: round(kinds[k] / total, 4) if total else None for k in (AFFINITY, SPILL, UNMATCHED)},
+            "rates": {k: round(kinds[k] / total, 4) if total else None for k in KINDS},
             "prefix": {"block_size": block_size, "tracked_blocks": tracked_blocks, "prompt_blocks": self.prompt_blocks,
                        "matched_blocks": self.matched_blocks,
                        "matched_fraction": round(self.matched_blocks / self.prompt_blocks, 4)

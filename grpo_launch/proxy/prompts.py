@@ -20,7 +20,7 @@ from grpo_launch.proxy.config import tokenizer_file
 log = logging.getLogger("grpo_launch.proxy")
 
 
-def prompt_of(body: dict[str, Any]) -> list[int] | str | None:
+def routing_tokens(body: dict[str, Any]) -> list[int] | str | None:
     """The routing prompt of a /v1/completions or /v1/chat/completions body; a batch routes on its first prompt."""
     messages = body.get("messages")
     if isinstance(messages, list):

@@ -10,7 +10,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -22,8 +22,8 @@ from grpo_launch.proxy import broadcast
 from grpo_launch.proxy.config import ProxyConfig, tokenizer_file
 from grpo_launch.proxy.fleet import Fleet, Replica
 from grpo_launch.proxy.metrics import ProxyStats
-from grpo_launch.proxy.prompts import LazyTokenizer, prompt_of
-from grpo_launch.proxy.router import BlockHash, PrefixRouter, block_hashes
+from grpo_launch.proxy.prompts import LazyTokenizer, routing_tokens
+from grpo_launch.proxy.router import Decision, PrefixRouter, Prompt, prompt_of
 from grpo_launch.proxy.upstream import UNANSWERED, Reply, Upstream, error_reply, response_headers
 
 log = logging.getLogger("grpo_launch.proxy")
@@ -34,6 +34,7 @@ FULL_WEIGHT_SYNC = ("/init_weight_transfer_engine", "/start_weight_update", "/up
                     "/finish_weight_update")
 # Digits, spaces and punctuation: where hand-made and rebuilt tokenizers part (one drops the spaces).
 TOKENIZER_PROBE = "Check 12 + 7 = 19, then 3 + 4 = 7."
+DEFAULT_MAX_TOKENS = 16  # vLLM's /v1/completions default, for a request that does not say
 MAX_BODY = 64 * 1024 * 1024  # batched or long prompts; aiohttp's default 1 MiB would answer 413
 SHUTDOWN_S = 1.0
 
@@ -124,70 +125,79 @@ class Proxy:
         if not available:
             self.stats.errors["no_replica"] += 1
             return _web(error_reply(503, "no replica is in routing", "ServiceUnavailable"))
-        hashes = await self._block_hashes(body)
-        decision = self.router.route(hashes, self.fleet.inflight, available)
+        decision = self.router.route(await self._prompt(body), available)
         self.stats.routed(route, decision)
         try:
-            return await self._forward(request, body, decision.replica, hashes)
+            return await self._forward(request, body, decision)
         finally:
             self.stats.observe(route, time.perf_counter() - started)
 
-    async def _block_hashes(self, body: bytes) -> list[BlockHash]:
+    async def _prompt(self, body: bytes) -> Prompt:
+        """What the router needs of a request; a body it cannot read is routed by load (the replica will say what is
+        wrong with it)."""
         try:
             payload = json.loads(body)
         except ValueError:
-            return []  # the replica will say what is wrong with it
+            return Prompt()
         if not isinstance(payload, dict):
-            return []
-        prompt = prompt_of(payload)
+            return Prompt()
+        max_tokens = payload.get("max_tokens") or payload.get("max_completion_tokens")
+        max_tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else DEFAULT_MAX_TOKENS
+        prompt = routing_tokens(payload)
         if isinstance(prompt, str):
             tokens = await self.tokenizer.encode(prompt)
             if tokens is None:
                 self.stats.untokenized += 1
-                return []
+                return Prompt(weight=len(prompt) // 4 + max_tokens)  # about 4 characters a token
             prompt = tokens
         model = payload.get("model")
         if not prompt or not isinstance(model, str):
-            return []
+            return Prompt(weight=max_tokens)
         try:
-            return block_hashes(model, prompt, self.config.block_size)
+            return prompt_of(model, prompt, self.config.block_size, max_tokens)
         except ValueError:
-            return []
+            return Prompt(weight=max_tokens)
 
-    async def _forward(self, request: web.Request, body: bytes, index: int,
-                       hashes: Sequence[BlockHash] = ()) -> web.StreamResponse:
-        """Send to replica `index`; if it never answers, once more to the least-loaded other replica."""
+    async def _forward(self, request: web.Request, body: bytes, decision: Decision) -> web.StreamResponse:
+        """Send a routed request to its replica; if that one never answers, once more to another replica."""
         headers = self.upstream.headers(request.headers)
-        for attempt in (1, 2):
-            replica = self.fleet.replicas[index]
-            replica.inflight += 1
-            replica.requests += 1
-            try:
-                async with self.upstream.request(replica.url, request.method, request.raw_path, body=body,
-                                                 headers=headers) as upstream:
-                    if upstream.content_type == "text/event-stream":
-                        return await self._stream(request, upstream)
-                    payload = await upstream.read()
-                    return web.Response(status=upstream.status, body=payload,
-                                        headers=response_headers(upstream.headers))
-            except UNANSWERED as e:
-                if isinstance(e, aiohttp.ClientConnectorError):
-                    self.fleet.mark_dead(index, f"connection failed: {e.os_error or e}")
-                others = self.fleet.available(excluding=index)
-                if attempt == 2 or not others:
-                    self.stats.errors["unreachable"] += 1
-                    return _web(error_reply(502, f"replica {replica.url} did not answer: {type(e).__name__}",
-                                            "BadGateway"))
-                index = self.router.least_loaded(self.fleet.inflight, others)
-                self.router.record(hashes, index)
-                self.stats.retries += 1
-            except TimeoutError:
-                self.stats.errors["timeout"] += 1
-                return _web(error_reply(504, f"replica {replica.url} did not answer within "
-                                             f"{self.config.request_timeout_s:g} s", "GatewayTimeout"))
-            finally:
-                replica.inflight -= 1
-        raise AssertionError("unreachable")
+        try:
+            for attempt in (1, 2):
+                replica = self.fleet.replicas[decision.replica]
+                try:
+                    return await self._call(request, body, replica, headers)
+                except UNANSWERED as e:
+                    if isinstance(e, aiohttp.ClientConnectorError):
+                        self.fleet.mark_dead(replica.index, f"connection failed: {e.os_error or e}")
+                    others = self.fleet.available(excluding=replica.index)
+                    if attempt == 2 or not others:
+                        self.stats.errors["unreachable"] += 1
+                        return _web(error_reply(502, f"replica {replica.url} did not answer: {type(e).__name__}",
+                                                "BadGateway"))
+                    self.router.finish(decision)
+                    decision = self.router.route(decision.prompt, others)
+                    self.stats.retries += 1
+                except TimeoutError:
+                    self.stats.errors["timeout"] += 1
+                    return _web(error_reply(504, f"replica {replica.url} did not answer within "
+                                                 f"{self.config.request_timeout_s:g} s", "GatewayTimeout"))
+            raise AssertionError("unreachable")
+        finally:
+            self.router.finish(decision)
+
+    async def _call(self, request: web.Request, body: bytes, replica: Replica,
+                    headers: dict[str, str]) -> web.StreamResponse:
+        replica.inflight += 1
+        replica.requests += 1
+        try:
+            async with self.upstream.request(replica.url, request.method, request.raw_path, body=body,
+                                             headers=headers) as upstream:
+                if upstream.content_type == "text/event-stream":
+                    return await self._stream(request, upstream)
+                payload = await upstream.read()
+                return web.Response(status=upstream.status, body=payload, headers=response_headers(upstream.headers))
+        finally:
+            replica.inflight -= 1
 
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
         """Server-sent events pass through chunk by chunk as the replica writes them."""
@@ -229,8 +239,8 @@ class Proxy:
         available = self.fleet.available()
         if not available:
             return _web(error_reply(503, "no replica is in routing", "ServiceUnavailable"))
-        return await self._forward(request, await request.read(), self.router.least_loaded(self.fleet.inflight,
-                                                                                          available))
+        # Counted among the loads like a generation request without tokens, retried like one.
+        return await self._forward(request, await request.read(), self.router.route(Prompt(), available))
 
     async def full_weight_sync(self, request: web.Request) -> web.StreamResponse:
         if len(self.fleet.replicas) > 1:
@@ -276,7 +286,9 @@ class Proxy:
 
     def snapshot(self) -> dict:
         """What /proxy/stats answers: routing decisions, errors, broadcasts, latency, replicas, fleet state."""
-        stats = self.stats.to_json([r.to_json() for r in self.fleet.replicas], block_size=self.config.block_size,
+        replicas = [{**r.to_json(), "outstanding_tokens": self.router.outstanding[r.index],
+                     "sent_tokens": self.router.sent[r.index]} for r in self.fleet.replicas]
+        stats = self.stats.to_json(replicas, block_size=self.config.block_size,
                                    tracked_blocks=self.router.tracked_blocks)
         stats["fleet"] = {"adapters": list(self.fleet.adapters), "paused": self.fleet.paused is not None}
         return stats

@@ -17,13 +17,14 @@ import traceback
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from grpo_launch.contracts.devices import WeightSync
 from grpo_launch.contracts.inputs import Lora
 from grpo_launch.contracts.plan import Plan, Trainer, load_plan
 from grpo_launch.contracts.rundir import FINAL_MODEL_DIR, METRICS_FILE, PLAN_FILE, REWARDS_DIR
 from grpo_launch.contracts.secrets import secret_names, secret_values
 from grpo_launch.trainer.data import import_target, load_training_dataset
+from grpo_launch.trainer.measure import StepMeter, instrument, measure_callback
 from grpo_launch.trainer.progress import PROGRESS, step_callback, write_failure
+from grpo_launch.trainer.vllm_sync import reloads
 
 TRAINER_STATE = "trainer_state.json"  # transformers' name, written last into each checkpoint
 
@@ -82,10 +83,22 @@ def _untie_output_head(async_grpo_trainer) -> None:
     async_grpo_trainer.create_model_from_path = create_untied
 
 
-def _common(plan: Plan, dataset, rewards) -> dict:
-    return dict(model=plan.trainer_inputs.model, reward_funcs=rewards, train_dataset=dataset,
-                peft_config=peft_config(plan.trainer_inputs.lora),
-                callbacks=[_metrics_callback(Path(METRICS_FILE)), step_callback()])
+def _common(plan: Plan, dataset, rewards, meter: StepMeter) -> dict:
+    inputs = plan.trainer_inputs
+    held_out = None
+    if inputs.data.eval is not None:
+        held_out = load_training_dataset(inputs.data, inputs.seed, chat=inputs.chat_prompts,
+                                         held_out=True)
+    return dict(model=inputs.model, reward_funcs=rewards, train_dataset=dataset, eval_dataset=held_out,
+                peft_config=peft_config(inputs.lora),
+                callbacks=[_metrics_callback(Path(METRICS_FILE)), step_callback(),
+                           measure_callback(meter, Path(METRICS_FILE))])
+
+
+def measured(trainer, meter: StepMeter):
+    """The trainer with wall-clock marks on its phases (trainer.measure)."""
+    instrument(trainer, meter)
+    return trainer
 
 
 def train_grpo(plan: Plan, dataset, rewards) -> None:
@@ -94,12 +107,13 @@ def train_grpo(plan: Plan, dataset, rewards) -> None:
     if plan.device.host_tensor_locations:
         _allow_indexed_cpu_locations()
     args = GRPOConfig(**plan.trainer_args)
-    reload = plan.trainer_inputs.weight_sync == WeightSync.RELOAD
+    reload = reloads(plan)
     if reload:
         from grpo_launch.trainer.vllm_sync import use_reload_sync
 
         use_reload_sync(engine_dtype=(args.model_init_kwargs or {}).get("dtype"))
-    trainer = GRPOTrainer(args=args, **_common(plan, dataset, rewards))
+    meter = StepMeter()
+    trainer = measured(GRPOTrainer(args=args, **_common(plan, dataset, rewards, meter)), meter)
     run_trainer(trainer)
     if reload:
         from grpo_launch.trainer.vllm_sync import check_engine_follows
@@ -139,11 +153,12 @@ def train_async_grpo(plan: Plan, dataset, rewards) -> None:
     _untie_output_head(async_grpo_trainer)
     tokenizer = AutoTokenizer.from_pretrained(plan.trainer_inputs.model)
     ensure_response_template(tokenizer)
+    meter = StepMeter()
     args = AsyncGRPOConfig(**{**plan.trainer_args, "vllm_server_base_url": server_url(plan)})
-    trainer = AsyncGRPOTrainer(args=args, processing_class=tokenizer, **_common(plan, dataset, rewards))
+    trainer = AsyncGRPOTrainer(args=args, processing_class=tokenizer, **_common(plan, dataset, rewards, meter))
     # Its client and rollout worker hold the URL now; the arguments, which checkpoints save, go back to the plain one.
     trainer.args.vllm_server_base_url = plan.vllm.replicas.proxy_url
-    run_trainer(trainer)
+    run_trainer(measured(trainer, meter))
 
 
 # What the trainer entrypoint runs, by the plan's TrainerInputs.trainer.
@@ -183,9 +198,15 @@ def run_trainer(trainer) -> None:
     if checkpoint and trainer.accelerator.is_main_process:
         print(f"[grpo-launch] resuming from {checkpoint}", flush=True)
     trainer.train(resume_from_checkpoint=checkpoint)
+    if trainer.eval_dataset is not None and not _evaluated_at(trainer, trainer.state.global_step):
+        trainer.evaluate()  # at the end too, as the colocate post scored its final models
     trainer.save_model(os.path.join(output_dir, FINAL_MODEL_DIR))
     if trainer.accelerator.is_main_process:
         print(f"[grpo-launch] training finished at step {trainer.state.global_step}", flush=True)
+
+
+def _evaluated_at(trainer, step: int) -> bool:
+    return any("eval_reward" in entry and entry.get("step") == step for entry in trainer.state.log_history)
 
 
 def train(plan: Plan) -> None:

@@ -18,12 +18,19 @@ import functools
 import os
 from pathlib import Path
 
+from grpo_launch.contracts.devices import WeightSync
+from grpo_launch.contracts.plan import Plan
 from grpo_launch.contracts.rundir import WEIGHT_SYNC_DIR
 
 WEIGHTS_FILE = "model.safetensors"  # vLLM's loader reads *.safetensors of the directory it is given
 CHECK_PROMPTS = 3
 CHECK_TOKENS = 6
 LOGPROB_TOLERANCE = 1e-3  # float32 on both sides agree to about 1e-6
+
+
+def reloads(plan: Plan) -> bool:
+    """Whether the plan's trained weights reach vLLM this way (its weight_sync, contracts.devices.WeightSync)."""
+    return plan.trainer_inputs.weight_sync == WeightSync.RELOAD
 
 
 def write_weights(named_params, directory: Path) -> str:

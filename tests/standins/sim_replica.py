@@ -3,8 +3,9 @@
 It keeps a real LRU prefix cache of full blocks (keyed like vLLM's: chained, seeded with the adapter name) and
 charges time for uncached prompt tokens (one prefill at a time, like a GPU busy with one forward) and for generated
 tokens (decoding overlaps across requests, like continuous batching, but stalls while the replica prefills).
-Faults on demand: adapter directories that appear late (a lagging shared mount), refused loads, death in the middle
-of a request, a held stream.
+Faults on demand: adapter directories that appear late (a lagging shared mount), refused loads or state changes,
+failed health probes, a connection dropped before or after the call took effect, death in the middle of a request,
+a held stream.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ class SimReplica:
         # Faults, set by a test.
         self.adapter_lag_s = 0.0             # a directory becomes visible this long after it was first asked for
         self.refuse_loads = False            # every load fails with a 500 (an engine error)
+        self.refuse: set[str] = set()        # these paths answer 500 and change nothing
+        # path -> how its next call goes unanswered: "before" it takes effect (the connection closes), "after" it,
+        # "cut" (takes effect, then the answer stops halfway), "hang" (takes effect, then no answer at all).
+        self.unanswered: dict[str, str] = {}
+        self.health_failures = 0             # the next N /health probes answer 503
         self.die_on_request = False          # the next generation request kills the server before answering
         self.stream_gate: asyncio.Event | None = None  # streams send their first event, then wait for this
         self.stats = SimStats()
@@ -66,7 +72,8 @@ class SimReplica:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._record])
-        app.router.add_get("/health", lambda r: web.Response())
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/is_paused", lambda r: web.json_response({"is_paused": self.paused}))
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/server_info", self.server_info)
         app.router.add_get("/get_world_size", self.world_size)
@@ -107,7 +114,27 @@ class SimReplica:
         self.stats.authorization.append(request.headers.get("Authorization"))
         if request.path not in ("/v1/completions", "/v1/chat/completions", "/health"):
             self.calls.append(request.path)
-        return await handler(request)
+        if request.path in self.refuse:
+            return _error(500, f"simulated engine failure on {request.path}", "InternalServerError")
+        how = self.unanswered.pop(request.path, None)
+        if how is None:
+            return await handler(request)
+        if how != "before":
+            await handler(request)
+        if how == "hang":
+            await asyncio.sleep(3600)
+        if how == "cut":
+            response = web.StreamResponse(headers={"Content-Length": "100", "Content-Type": "application/json"})
+            await response.prepare(request)
+            await response.write(b'{"status":')
+        request.transport.close()  # the caller sees the connection end without a (whole) answer
+        return web.Response()      # never sent: the transport is closed
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.health_failures:
+            self.health_failures -= 1
+            return web.Response(status=503)
+        return web.Response()
 
     # -- vLLM's endpoints -----------------------------------------------------------------------------------------
 

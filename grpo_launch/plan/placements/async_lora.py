@@ -13,7 +13,7 @@ from typing import Any
 
 from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config
-from grpo_launch.contracts.devices import Device
+from grpo_launch.contracts.devices import CPU, Device
 from grpo_launch.contracts.hosts import EVERY_INTERFACE, LOOPBACK
 from grpo_launch.contracts.plan import (
     Batch,
@@ -136,6 +136,8 @@ class AsyncLora(Placement):
     engine_label = "replica"
     utilization_choices = (0.8, 0.9)  # the GPUs are the replicas' alone
     chat_prompts = True  # TRL's rollout worker renders every prompt through the chat template
+    no_evaluation = ("AsyncGRPOTrainer has no evaluation path: its batches come from the rollout queue, not from a "
+                     "dataset it could evaluate")
 
     def trainer_on(self, device: Device) -> Trainer:
         return self.trainer if device.cuda_kernels else Trainer.ASYNC_LOOP
@@ -152,7 +154,7 @@ class AsyncLora(Placement):
 
         def lay_out() -> None:
             layouts.append(dedicated_layout(config, engines=a.replicas, gpus_per_engine=v.tensor_parallel_size,
-                                            engines_key=f"{KEY}.replicas"))
+                                            engines_key=f"{KEY}.replicas", apart=ctx.engines_apart))
             _check_trainer_ranks(config, ctx.device, layouts[0])
 
         collect(lambda: check_servers_enabled(config, self.name), lambda: check_block_size(config, ctx.device),
@@ -176,7 +178,7 @@ class AsyncLora(Placement):
         services.append(proxy)
         adapter_dir = f"{output_dir(config)}/{ADAPTER_SUBDIR}"
         remote = sorted({e.node for e in engines} - {proxy.node})
-        if remote:
+        if remote and not ctx.scheduler.shares_run_dir:
             ctx.warnings.append(f"replicas on node(s) {remote} load adapters from {adapter_dir} written on node "
                                 f"{proxy.node}: set trainer.output_dir to an absolute path on storage every node "
                                 f"mounts at the same place")
@@ -210,6 +212,12 @@ class AsyncLora(Placement):
                            depends_on=tuple(e.process for e in engines), metrics_url=f"{url}/metrics",
                            probe_key_env=p.api_key_env)
         return spec, url
+
+    def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
+        if plan.trainer_inputs.trainer == self.trainer_on(CPU):
+            return []
+        return [("trainer", "AsyncGRPOTrainer (FSDP2)", "TRL's async pieces in one process",
+                 "AsyncGRPOTrainer needs CUDA")]
 
     def batch(self, args: dict[str, Any], world: int, result: PlacementResult) -> Batch:
         """AsyncGRPOConfig has no batch rules beyond GRPO's group size; these are the sizes it trains with."""

@@ -7,12 +7,22 @@ from typing import Any, ClassVar
 
 from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config
-from grpo_launch.contracts.devices import Device
+from grpo_launch.contracts.devices import CPU, Device
 from grpo_launch.contracts.plan import Batch, Plan, Trainer, VllmSettings
 from grpo_launch.memory.estimate import Workload
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.step_time import Lengths, StepModel, StepSplit, TrainingBatch
 from grpo_launch.plan.trl_rules import grpo_batch
+
+
+def trl_weight_sync(plan: Plan, how: str) -> list[tuple[str, str, str, str]]:
+    """TRL's own weight sync (`how` it reaches vLLM) where the plan uses it and a CPU cannot: full weights, no
+    adapter."""
+    inputs = plan.trainer_inputs
+    if inputs.weight_sync == CPU.dense_weight_sync or not plan.vllm.enabled or inputs.lora is not None:
+        return []
+    return [("weight sync", f"TRL's ({how})", "weights written to the run directory and reloaded by vLLM",
+             "NCCL and TRL's direct loads need CUDA")]
 
 
 class Placement(ABC):
@@ -23,6 +33,7 @@ class Placement(ABC):
     utilization_choices: ClassVar[tuple[float, ...]]  # vllm.gpu_memory_utilization values the advisor tries
     sleep_levels: ClassVar[tuple[int, ...]] = (0,)  # placement.colocate.sleep_level values it can run with
     chat_prompts: ClassVar[bool] = False            # its trainer takes prompts as chat messages only
+    no_evaluation: ClassVar[str | None] = None      # why its trainer cannot evaluate data.eval (None: TRL's does)
 
     def trainer_on(self, device: Device) -> Trainer:
         """What the trainer entrypoint runs on `device`."""
@@ -31,6 +42,11 @@ class Placement(ABC):
     def trainer_ranks_on(self, device: Device) -> int | None:
         """How many trainer ranks its trainer takes on `device` (None: any)."""
         return None
+
+    def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
+        """What its plan does that only CUDA can, for a rehearsal on a CPU to list as could-not: (feature, what the
+        recipe does, what the rehearsal does instead, why)."""
+        return []
 
     @abstractmethod
     def plan(self, ctx: Context) -> PlacementResult:

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from grpo_launch.compose.trl_fields import trl_version
-from grpo_launch.contracts.plan import Batch, Colocated, Engine, Trainer, VllmSettings
+from grpo_launch.contracts.plan import Batch, Colocated, Engine, Plan, Trainer, VllmSettings
 from grpo_launch.errors import UserError, collect
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import Layout, shared_layout
-from grpo_launch.plan.placements.base import Placement
+from grpo_launch.plan.placements.base import Placement, trl_weight_sync
 from grpo_launch.plan.step_time import StepModel, StepSplit, one_after_another
 
 # TRL builds the colocated engine with LLM(max_num_batched_tokens=4096) (trl/generation/vllm_generation.py).
@@ -94,6 +94,9 @@ class Colocate(Placement):
         training = model.training
         return one_after_another(model.batch_generation(), sync, (training.seconds, training.detail),
                                  why="every GPU generates, then trains")
+
+    def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
+        return trl_weight_sync(plan, "direct loads into the colocated engines")
 
     def sized_vllm(self, result: PlacementResult, batch: Batch) -> VllmSettings:
         """TRL sizes each colocated engine for its TP group's share of one generation round."""

@@ -9,10 +9,10 @@ the trainer writes its weights into the run directory and the server reloads the
 from __future__ import annotations
 
 from grpo_launch.contracts.devices import WeightSync
-from grpo_launch.contracts.plan import Role, ServerEndpoint, Trainer, VllmSettings
+from grpo_launch.contracts.plan import Plan, Role, ServerEndpoint, Trainer, VllmSettings
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import dedicated_layout
-from grpo_launch.plan.placements.base import Placement
+from grpo_launch.plan.placements.base import Placement, trl_weight_sync
 from grpo_launch.plan.serving import check_servers_enabled, serve_batch_limits, served_engine
 from grpo_launch.plan.step_time import StepModel, StepSplit, one_after_another
 
@@ -28,7 +28,7 @@ class Server(Placement):
         config = ctx.config
         v = config.vllm
         check_servers_enabled(config, self.name)
-        layout = dedicated_layout(config, engines=1, gpus_per_engine=v.tensor_parallel_size)
+        layout = dedicated_layout(config, engines=1, gpus_per_engine=v.tensor_parallel_size, apart=ctx.engines_apart)
         node, gpus = layout.engine_gpus[0]
         server, engine = served_engine(ctx, 0, "vllm", "the vLLM server", node, gpus)
         args = {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": engine.url}
@@ -59,3 +59,6 @@ class Server(Placement):
         return one_after_another(model.batch_generation(), sync, (training.seconds, training.detail),
                                  why=f"the {plan.world_size} trainer GPUs wait while the server's {len(server.gpus)} "
                                      f"generate, and the server waits while they train")
+
+    def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
+        return trl_weight_sync(plan, "NCCL to the server")

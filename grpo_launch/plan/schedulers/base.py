@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts import hosts
-from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, Role, SchedulerPlan, VerbatimLine
+from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, Role, SchedulerPlan, VerbatimLine
 from grpo_launch.errors import UserError
+from grpo_launch.plan.layout import Layout
 
 # What a scheduler starts on every node: grpo-launch's supervisor for that node's processes of plan.json.
 NODE_SUPERVISOR = ("python", "-m", "grpo_launch.launch", "--run-dir", ".")
@@ -18,6 +19,18 @@ NODE_SUPERVISOR = ("python", "-m", "grpo_launch.launch", "--run-dir", ".")
 class Scheduler(ABC):
     name: ClassVar[str]                   # scheduler.kind, and the group file's name
     job_file: ClassVar[str | None]        # the file it writes into the run directory
+    # Its machines have the GPUs their processes use, no more (a GPU of the uniform grid that none uses is not
+    # there, and not idle); False: whole nodes of cluster.gpus_per_node GPUs.
+    sized_machines: ClassVar[bool] = False
+    # Every machine finds the run directory at the same absolute path (shared storage, a mounted bucket), so a path
+    # the trainer writes there resolves on the others.
+    shares_run_dir: ClassVar[bool] = False
+
+    def shape(self, config: Config, packed: Callable[[Config], Layout]) -> tuple[Config, int | None]:
+        """The cluster as this scheduler gets its machines, and the trainer nodes' GPUs when each vLLM engine gets a
+        machine of its own (`Context.engines_apart`). `packed(config)` is the placement's layout with engines
+        sharing nodes, as the recipe's cluster gives it. Default: the recipe's nodes as they are."""
+        return config, None
 
     def check(self, config: Config) -> None:
         """The scheduler's own rules, before anything is planned."""
@@ -30,10 +43,19 @@ class Scheduler(ABC):
         """Node `node`'s address when cluster.hosts is empty: loopback on one node, else read where the job runs."""
         return hosts.LOOPBACK if config.cluster.nodes == 1 else hosts.reference(node)
 
+    def warnings(self, config: Config, plan: SchedulerPlan) -> list[str]:
+        """What the plan view should warn about how the processes reach the machines."""
+        return []
+
+    def on_cpu(self, section: Any) -> Any:
+        """The `scheduler` section as a CPU rehearsal of the plan submits it (no GPU request)."""
+        return section
+
     @abstractmethod
-    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec]) -> tuple[SchedulerPlan,
-                                                                                         dict[str, Any]]:
-        """How the processes reach the machines, and the job file(s) that do it."""
+    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec],
+            prepare: Sequence[PrepareStep]) -> tuple[SchedulerPlan, dict[str, Any]]:
+        """How the processes reach the machines, and the job file(s) that do it (`prepare`: what runs once before any
+        process)."""
 
 
 def setup_lines(config: Config) -> tuple[VerbatimLine, ...]:

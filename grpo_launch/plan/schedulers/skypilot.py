@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from grpo_launch.compose.schema import SKYPILOT_ACCELERATORS, SKYPILOT_NAME, Config
+from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.devices import device_of
-from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, SchedulerPlan
+from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, SchedulerPlan
 from grpo_launch.contracts.rundir import SKYPILOT_TASK_FILE
+from grpo_launch.contracts.schedulers import SKYPILOT_ACCELERATORS, SKYPILOT_NAME
 from grpo_launch.contracts.shell import shell_line
 from grpo_launch.errors import UserError
 from grpo_launch.plan.schedulers.base import NODE_SUPERVISOR, Scheduler, setup_lines
@@ -59,8 +60,8 @@ class SkyPilot(Scheduler):
                             f"{SKYPILOT_ACCELERATORS.what}", key="cluster.gpu_type",
                             hint="set scheduler.skypilot.accelerators to SkyPilot's name for the GPU, e.g. H100:8")
 
-    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec]) -> tuple[SchedulerPlan,
-                                                                                         dict[str, Any]]:
+    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec],
+            prepare: Sequence[PrepareStep]) -> tuple[SchedulerPlan, dict[str, Any]]:
         s = config.scheduler.skypilot
         if not SKYPILOT_NAME.fits(name := cluster_name(config, recipe)):
             raise UserError(f"the SkyPilot cluster name {name!r} (grpo-<recipe>) is not {SKYPILOT_NAME.what}",

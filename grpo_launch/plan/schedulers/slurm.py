@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.devices import device_of
-from grpo_launch.contracts.plan import NodeGroup, ProcessSpec, SchedulerPlan, VerbatimLine
+from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, SchedulerPlan, VerbatimLine
 from grpo_launch.contracts.rundir import JOB_LOG, LOGS_DIR, NODE_FAILURES, SLURM_JOB_FILE
 from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.errors import UserError
@@ -80,6 +81,7 @@ exit "$rc"
 class Slurm(Scheduler):
     name = "slurm"
     job_file = SLURM_JOB_FILE
+    shares_run_dir = True  # submitted from the run directory, on storage every node mounts
 
     def check(self, config: Config) -> None:
         super().check(config)
@@ -93,6 +95,9 @@ class Slurm(Scheduler):
                             f"cluster.gpus_per_node={config.cluster.gpus_per_node} GPUs of every node",
                             key="scheduler.slurm.gpus_per_node",
                             hint="leave it unset (null) to request cluster.gpus_per_node, or 0 to request none")
+
+    def on_cpu(self, section: Any) -> Any:
+        return replace(section, slurm=replace(section.slurm, gpus_per_node=None, gres=None))
 
     def _gpus(self, config: Config) -> list[str]:
         """The GPU request of the job, and of each step (so each step is bound to its nodes' GPUs)."""
@@ -125,8 +130,8 @@ class Slurm(Scheduler):
         return (f"# {group.name}: {node_list(group.nodes)} ({', '.join(group.processes)}); {group.ends}\n"
                 f"srun {' '.join(options)} \\\n     bash -c \"$node_supervisor\" &\n{group.name}=$!\n")
 
-    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec]) -> tuple[SchedulerPlan,
-                                                                                         dict[str, Any]]:
+    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec],
+            prepare: Sequence[PrepareStep]) -> tuple[SchedulerPlan, dict[str, Any]]:
         command = shell_line(NODE_SUPERVISOR) + " --node K"
         trainers, services = node_groups(processes, config.cluster.nodes, command)
         groups = (trainers,) if services is None else (trainers, services)

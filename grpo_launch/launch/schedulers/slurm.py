@@ -1,4 +1,4 @@
-"""scheduler=slurm: submit the run directory's job.sbatch, follow the job, cancel it on Ctrl-C.
+"""scheduler=slurm: submit the run directory's job.sbatch, follow the job, cancel it on Ctrl-C (or `grpo stop`).
 
 The job's state comes from `scontrol show job`, polled: `sbatch --wait` polls after 2, 10 and 42 s and then every
 32 s, and says 0 for a job cancelled while it was pending. Works without accounting (no sacct): the record lasts
@@ -8,6 +8,7 @@ MinJobAge after the end. Each process's log is streamed from the run directory, 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,9 +16,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.schedulers import SlurmSettings
 from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.errors import UserError
-from grpo_launch.launch.follow import Job, JobFollower
+from grpo_launch.launch.follow import Job
+from grpo_launch.launch.schedulers.base import JobLauncher, read_submitted, record_submitted
 from grpo_launch.launch.supervisor import child_environment
 
 # Every state of a job that has not ended (squeue's and scontrol's names).
@@ -86,16 +89,49 @@ class SlurmJob(Job):
         self._run("scancel", *(["--signal=KILL", "--full"] if presses > 1 else []), self.id)
 
 
-def submit_and_follow(plan: Plan, run_dir: Path, console: Console, *, poll_s: float) -> int:
-    """Submit the plan's job from its run directory and follow it to the end: the job's exit code (130 when
-    cancelled with Ctrl-C)."""
-    env = job_environment()
-    done = subprocess.run(plan.scheduler.submit, cwd=run_dir, env=env, capture_output=True, text=True, timeout=120)
-    if done.returncode:
-        raise UserError(f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}",
-                        key="scheduler.slurm", hint=f"check the partition, account, qos, time limit and GPU request "
-                                                    f"(scheduler.slurm.*) in {run_dir / plan.scheduler.job_file}")
-    job = SlurmJob(done.stdout.strip().split(";")[0], env)
-    console.print("[bold]submitted[/] " + escape(f"{job.name} ({shell_line(plan.scheduler.submit)} in "
-                                                  f"{shell_word(str(run_dir))}); Ctrl-C cancels it"))
-    return JobFollower(plan, run_dir, job, console, poll_s=poll_s).follow().code
+class Slurm(JobLauncher):
+    name = "slurm"
+    reach = "every node must see it: shared storage"
+    not_installed = ("Slurm is not installed here: nothing submitted. On a Slurm login node, with the run directory "
+                     "on shared storage:")
+
+    def rehearses_here(self) -> bool:
+        """Installed packages alone are not a cluster: a controller must answer."""
+        if not shutil.which("scontrol"):
+            return False
+        try:
+            ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return ping.returncode == 0 and " is UP" in ping.stdout
+
+    def poll_s(self, settings: SlurmSettings) -> float:
+        return settings.poll_s
+
+    def submit(self, plan: Plan, run_dir: Path, settings: SlurmSettings, console: Console) -> SlurmJob:
+        env = job_environment()
+        done = subprocess.run(plan.scheduler.submit, cwd=run_dir, env=env, capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode:
+            raise UserError(f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}",
+                            key="scheduler.slurm", hint=f"check the partition, account, qos, time limit and GPU "
+                                                        f"request (scheduler.slurm.*) in "
+                                                        f"{run_dir / plan.scheduler.job_file}")
+        job = SlurmJob(done.stdout.strip().split(";")[0], env)
+        record_submitted(run_dir, self.name, [job.id])
+        console.print("[bold]submitted[/] " + escape(f"{job.name} ({shell_line(plan.scheduler.submit)} in "
+                                                      f"{shell_word(str(run_dir))}); Ctrl-C cancels it"))
+        return job
+
+    def stop(self, plan: Plan, run_dir: Path, settings: SlurmSettings, console: Console) -> int:
+        job = SlurmJob(read_submitted(run_dir)["ids"][0], job_environment())
+        try:
+            state, ended = job.state()
+        except RuntimeError:  # Slurm forgot it: ended longer ago than the cluster's MinJobAge
+            state, ended = "gone", True
+        if ended:
+            console.print(f"[bold]nothing to stop[/]: {job.name} is {state}")
+            return 0
+        job.cancel(1)
+        console.print(f"[bold]cancelled[/] {job.name} (was {state}): Slurm stops every step")
+        return 0

@@ -1,0 +1,160 @@
+"""What each scheduler declares: its name (`scheduler.kind`, its group file's name), what it is in one line, and
+its settings, the recipe section `scheduler.<key>`.
+
+A scheduler is one module per side: `plan/schedulers/NAME.py` renders its job, `launch/schedulers/NAME.py` submits,
+follows and cancels it. Its declaration sits here, in `contracts`, because three rooms read it and the recipe schema
+(`compose.schema`, which builds its `scheduler` section from `DECLARED`) may import neither side: the stages run
+one way, compose before plan before launch. The settings are the scheduler's alone: no other module reads them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_launch.contracts.knobs import Form, knob
+from grpo_launch.contracts.typed import build
+
+# What Slurm's sbatch and SkyPilot accept in the fields grpo-launch writes for them (`#SBATCH --partition=...` is parsed
+# by sbatch, not by a shell: a value must be one token). Slurm: sbatch(1); SkyPilot 0.14: sky/task.py (task names),
+# sky/skylet/constants.py (cluster names, clouds), sky/resources.py (accelerators).
+SLURM_NAME = Form("a Slurm name (letters, digits, _ . -)", r"[A-Za-z0-9_.-]+")
+SLURM_NAMES = Form("Slurm names separated by commas", r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
+SLURM_TIME = Form("a Slurm time limit (minutes, minutes:seconds, hours:minutes:seconds, days-hours, "
+                  "days-hours:minutes, days-hours:minutes:seconds, or UNLIMITED)",
+                  r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE")
+SLURM_GRES = Form("Slurm generic resources, name[[:type]:count] separated by commas",
+                  r"[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+){0,2}(,[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+){0,2})*")
+SBATCH_OPTION = Form("one sbatch option per item (--name=value)", r"(#SBATCH\s+)?-.+")
+SKYPILOT_NAME = Form("a SkyPilot cluster and task name (a letter first, then letters, digits and single or double "
+                     "_ . -, ending alphanumeric)", r"[A-Za-z][A-Za-z0-9]*(?:[._-]{1,2}[A-Za-z0-9]+)*")
+SKYPILOT_ACCELERATORS = Form("SkyPilot accelerators, NAME[:COUNT]",
+                             r"[A-Za-z0-9][A-Za-z0-9_.+-]*(:[A-Za-z0-9_.+-]+){0,2}")
+SKYPILOT_CLOUDS = ("aws", "azure", "gcp", "ibm", "lambda", "scp", "oci", "kubernetes", "runpod", "vast", "vsphere",
+                   "cudo", "fluidstack", "paperspace", "primeintellect", "do", "nebius", "ssh", "slurm", "hyperbolic",
+                   "seeweb", "shadeform", "yotta", "mithril", "verda")
+
+
+@dataclass(kw_only=True)
+class SlurmSettings:
+    partition: str | None = knob(None, "#SBATCH --partition (one, or several separated by commas); null: the "
+                                       "cluster's default partition.", form=SLURM_NAMES)
+    account: str | None = knob(None, "#SBATCH --account to charge.", form=SLURM_NAME)
+    qos: str | None = knob(None, "#SBATCH --qos.", form=SLURM_NAME)
+    time_limit: str | None = knob(None, "#SBATCH --time, e.g. 2-00:00:00; null: the partition's limit.",
+                                  form=SLURM_TIME)
+    gpus_per_node: int | None = knob(None, "#SBATCH --gpus-per-node; null: cluster.gpus_per_node on GPUs, none "
+                                           "on CPU.", ge=0, le=64)
+    gres: str | None = knob(None, "#SBATCH --gres instead of --gpus-per-node, e.g. gpu:h100:8.", form=SLURM_GRES)
+    sbatch: list[str] = knob(factory=list, doc="More #SBATCH options, one per item, written as given (sbatch reads "
+                                               "them as they are), e.g. --constraint=h100 or --mem=0.",
+                             form=SBATCH_OPTION)
+    poll_s: float = knob(1.0, "How often `grpo run` reads the job's state from scontrol.", gt=0)
+
+
+SKY_WORKDIR = "~/sky_workdir"  # where SkyPilot puts the task's workdir (the run directory) on every node
+
+
+@dataclass(kw_only=True)
+class SkyPilotSettings:
+    cluster_name: str | None = knob(None, "`sky launch -c NAME`; null: grpo-<recipe>.", form=SKYPILOT_NAME)
+    cloud: str | None = knob(None, "resources.cloud; null: SkyPilot picks.", choices=SKYPILOT_CLOUDS)
+    accelerators: str | None = knob(None, "resources.accelerators; null: <cluster.gpu_type>:<cluster.gpus_per_node> "
+                                          "on GPUs, none on CPU.", form=SKYPILOT_ACCELERATORS)
+    use_spot: bool = knob(False, "resources.use_spot.")
+    disk_size: int | None = knob(None, "resources.disk_size in GB.", ge=1)
+
+
+@dataclass(kw_only=True)
+class HfJobsFlavors:
+    trainer: str | None = knob(None, "Flavor of a Job running grpo-launch's node supervisor (the trainer, and the "
+                                     "proxy beside it); null: the smallest h200 flavor with the GPUs its node uses "
+                                     "(cpu-upgrade on CPU).")
+    vllm: str | None = knob(None, "Flavor of a Job serving one vLLM engine; null: the smallest h200 flavor with "
+                                  "vllm.tensor_parallel_size GPUs (cpu-upgrade on CPU).")
+
+
+@dataclass(kw_only=True)
+class HfJobsImages:
+    trainer: str | None = knob(None, "Image of a Job running the node supervisor; null: vLLM's official image (torch, "
+                                     "transformers and vLLM inside), grpo-launch installed at the Job's start "
+                                     "(install_wheel).")
+    vllm: str | None = knob(None, "Image of a vLLM Job; null: vllm/vllm-openai at the vLLM version the plan's "
+                                  "`vllm serve` arguments were checked against.")
+
+
+@dataclass(kw_only=True)
+class HfJobsSettings:
+    namespace: str | None = knob(None, "User or organization the Jobs run (and are billed) in; null: the account "
+                                       "of your token (`hf auth whoami`).")
+    bucket: str | None = knob(None, "Storage Bucket holding the run directories, as namespace/name; null: "
+                                    "<namespace>/grpo-runs. Created when missing.")
+    mount_path: str = knob("/grpo", "Absolute path at which every Job mounts the run's folder of the bucket (the "
+                                    "run directory): the trainer read-write, the vLLM Jobs read-only, so adapter "
+                                    "paths resolve alike.")
+    flavor: HfJobsFlavors = knob(factory=HfJobsFlavors, doc="Hardware flavor of each kind of Job.")
+    image: HfJobsImages = knob(factory=HfJobsImages, doc="Docker image of each kind of Job.")
+    install_wheel: bool = knob(True, "Upload a wheel of this grpo-launch with the run directory and pip-install it "
+                                     "when a supervisor Job starts (false: image.trainer has grpo-launch).")
+    timeout: str = knob("6h", "Each Job's longest life, as `hf jobs run --timeout` takes it (seconds, or a number "
+                              "with s, m, h or d): a Job nobody cancelled stops billing then.")
+    secrets: list[str] = knob(factory=lambda: ["HF_TOKEN"],
+                              doc="Names of the secrets every Job gets, their values read from your environment at "
+                                  "submit (HF_TOKEN also from `hf auth login`); never a value.")
+    poll_s: float = knob(5.0, "How often `grpo run` reads each Job's stage and polls a vLLM Job's /health.", gt=0)
+
+
+@dataclass(frozen=True)
+class Declared:
+    name: str                       # scheduler.kind
+    summary: str                    # who starts the processes, in a few words
+    key: str | None = None          # its settings' section under scheduler.
+    settings: type | None = None    # the section's dataclass
+    doc: str = ""                   # the section's one-line doc
+    logs_elsewhere: str | None = None  # where a run's metrics and logs are written when not into its run directory
+                                       # here (its launcher's `logs` copies them here)
+
+
+DECLARED: tuple[Declared, ...] = (
+    Declared("local", "`grpo run` itself: every node from one command when all are this machine, else `grpo run "
+                      "--node-rank K` on each"),
+    Declared("slurm", "a batch job, job.sbatch", "slurm", SlurmSettings, "scheduler=slurm: the batch job's resources."),
+    Declared("skypilot", "a SkyPilot task, task.yaml", "skypilot", SkyPilotSettings,
+             "scheduler=skypilot: the task's resources.", logs_elsewhere="on node 0, in its copy of the run directory"),
+    Declared("hf-jobs", "Hugging Face Jobs, one per machine, sharing a Storage Bucket; hf-jobs.sh", "hf_jobs",
+             HfJobsSettings, "scheduler=hf-jobs: the Jobs, their bucket and their flavors.",
+             logs_elsewhere="in the run's folder of the Storage Bucket (brought back here when the run ends)"),
+)
+
+
+# scheduler=hf-jobs names a run's Jobs, its network group and its folder of the bucket after the recipe and the run
+# directory: lowercase letters, digits and '-', the network group's 46 characters at most (huggingface_hub's run_job).
+GROUP_LENGTH = 46
+RECIPE_LENGTH = 24
+
+
+def job_name_part(text: str) -> str:
+    """`text` as a part of a Job's name: lowercase letters, digits and dashes."""
+    return re.sub(r"[^a-z0-9-]", "-", text.lower())
+
+
+def run_group(recipe: str, run_dir_name: str) -> str:
+    """The run's network group, the prefix of its Jobs' names and its folder in the bucket (hf-jobs.sh derives the
+    same with `tr`)."""
+    return job_name_part(f"{job_name_part(recipe)[:RECIPE_LENGTH]}-{run_dir_name}")[:GROUP_LENGTH]
+
+
+def declared(name: str) -> Declared:
+    return next(d for d in DECLARED if d.name == name)  # the schema's choices hold exactly these names
+
+
+def settings_in(scheduler: Any, name: str) -> Any:
+    """Scheduler `name`'s own settings from a `scheduler` section (typed, or a mapping read back from a run
+    directory's config.yaml); None for a scheduler without settings."""
+    d = declared(name)
+    if d.key is None:
+        return None
+    section = scheduler[d.key] if isinstance(scheduler, Mapping) else getattr(scheduler, d.key)
+    return build(d.settings, section) if isinstance(section, Mapping) else section
