@@ -195,7 +195,7 @@ def _median(steps: list[dict], key: str) -> float:
 def _predicted_at(composed, plan, measured: list[dict]) -> float:
     """The training phase the model predicts at the measured lengths (padded prompt and completion widths)."""
     from grpo_launch.contracts.accelerators import accelerator
-    from grpo_launch.memory import catalog
+    from grpo_launch.plan.model import resolve_model
     from grpo_launch.plan.placements import placement_of
     from grpo_launch.plan.step_time import Lengths, StepModel
 
@@ -204,7 +204,7 @@ def _predicted_at(composed, plan, measured: list[dict]) -> float:
     completion = statistics.median(s["completion_width"] for s in kept)
     lengths = Lengths(prompt=prompt, max_completion=completion, mean_completion=completion)
     config = composed.config
-    model = StepModel(config, plan, catalog.resolve(config.model).shape, accelerator(config.cluster.gpu_type),
+    model = StepModel(config, plan, resolve_model(config).resolved.shape, accelerator(config.cluster.gpu_type),
                       placement_of(config), lengths=lengths)
     return model.training.seconds
 

@@ -35,6 +35,8 @@ import aiohttp
 
 from grpo_launch.proxy.router import block_hashes
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the simulated replicas: a test stand-in
+
 # The workload: a GRPO run in miniature.
 REPLICAS, G, PROMPTS, PROMPTS_PER_VERSION, INFLIGHT = 4, 8, 160, 32, 64
 BLOCK, SYSTEM_TOKENS, QUESTION_TOKENS, COMPLETION_TOKENS = 16, 160, (64, 256), (64, 512)
@@ -87,7 +89,7 @@ def ideal_hit_rate(groups: list[list[Request]]) -> float:
 
 def _serve_sims(conn, count: int) -> None:
     """Child process: `count` simulated replicas in one event loop, until the parent says stop (or goes away)."""
-    from grpo_launch.proxy.sim_replica import SimReplica
+    from standins.sim_replica import SimReplica
 
     async def main() -> None:
         sims = [SimReplica(f"r{i}", block_size=BLOCK, max_model_len=8192) for i in range(count)]

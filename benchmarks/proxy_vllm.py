@@ -58,6 +58,7 @@ import aiohttp
 
 from grpo_launch.compose import compose
 from grpo_launch.contracts import tiny
+from grpo_launch.contracts.plan import Role
 from grpo_launch.launch.supervisor import child_environment
 from grpo_launch.plan import build_plan
 from grpo_launch.proxy.upstream import KEEPALIVE_S
@@ -199,15 +200,15 @@ def free_ports(count: int) -> int:
 
 async def start_fleet(http: aiohttp.ClientSession, replicas: int, cache_blocks: int | None, work: Path) -> Fleet:
     composed = compose(["recipe=tiny-cpu-async-lora", f"model.tiny.max_position_embeddings={CONTEXT}",
-                        f"vllm.max_model_len={CONTEXT}", f"vllm.data_parallel_size={replicas}",
+                        f"vllm.max_model_len={CONTEXT}", f"placement.async_lora.replicas={replicas}",
                         f"cluster.gpus_per_node={replicas + 1}", f"vllm.port={free_ports(replicas)}",
-                        f"proxy.port={free_port()}"])
+                        f"placement.async_lora.proxy.port={free_port()}"])
     plan = build_plan(composed)
     if not (work / "model").exists():
         for step in plan.prepare:
             subprocess.run(step.argv, cwd=work, check=True, env=child_environment({}), stdout=subprocess.DEVNULL)
-    specs = [p for p in plan.processes if p.role == "vllm"]
-    proxy = next(p for p in plan.processes if p.role == "proxy")
+    specs = [p for p in plan.processes if p.role == Role.VLLM]
+    proxy = next(p for p in plan.processes if p.role == Role.PROXY)
     urls, events, processes = [], [], []
     for spec in specs:
         # vLLM binds its publisher only to a wildcard address (tcp://*:PORT); vllm-router's kv_aware takes TCP only.

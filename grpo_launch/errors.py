@@ -1,13 +1,15 @@
 """The one exception type for mistakes a user can fix.
 
 Compose and plan raise `UserError`; the CLI renders it once (key, what is wrong, how to fix it) and exits 2.
-Any other exception is a bug in grpo-launch and may show a traceback.
+Independent rules are checked together (`collect`) and their mistakes raised at once, as `UserErrors`, so a recipe
+is fixed in one round, not one error at a time. Any other exception is a bug in grpo-launch and may show a
+traceback.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 EXIT_USER_ERROR = 2
 
@@ -23,6 +25,36 @@ class UserError(Exception):
 
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class UserErrors(UserError):
+    """Several mistakes found together; it reads as the first (message, key, hint), and `errors` holds them all."""
+
+    def __init__(self, errors: Sequence[UserError]) -> None:
+        first = errors[0]
+        super().__init__(first.message, key=first.key, hint=first.hint, origin=first.origin)
+        self.errors = tuple(errors)
+
+    def __str__(self) -> str:
+        return "\n".join(str(UserError(e.message, hint=e.hint)) for e in self.errors)
+
+
+def every_error(error: UserError) -> tuple[UserError, ...]:
+    return error.errors if isinstance(error, UserErrors) else (error,)
+
+
+def collect(*checks: Callable[[], object]) -> None:
+    """Run every check, each independent of the others; raise what they raised together (one error as itself)."""
+    found: list[UserError] = []
+    for check in checks:
+        try:
+            check()
+        except UserError as e:
+            found.extend(every_error(e))
+    if len(found) == 1:
+        raise found[0]
+    if found:
+        raise UserErrors(found)
 
 
 def did_you_mean(word: str, candidates: Iterable[str], *, prefix: str = "") -> str:

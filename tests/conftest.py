@@ -62,16 +62,19 @@ def plan_json(*overrides: str) -> dict:
     return json.loads(json.dumps(build_plan(compose(list(overrides))).to_json()))
 
 
-def replanned(composed, *, model=None, dtype=None, nodes=None, zero=None, trainer=None, **vllm):
+def replanned(composed, *, model=None, dtype=None, nodes=None, zero=None, trainer=None, sleep_level=None, **vllm):
     """`composed` with the typed config's fields replaced (no Hydra), planned: model name and dtype, cluster nodes,
-    zero as (stage, offload_optimizer, offload_param), trainer.* added, vllm.* keys replaced."""
+    zero as (stage, offload_optimizer, offload_param), trainer.* added, colocate's sleep level, vllm.* keys
+    replaced."""
     from dataclasses import replace
 
     from grpo_launch.plan import build_plan
 
     c = composed.config
     model_changes = {k: v for k, v in (("name_or_path", model), ("dtype", dtype)) if v is not None}
-    config = replace(c, model=replace(c.model, **model_changes), vllm=replace(c.vllm, **vllm),
+    placement = c.placement if sleep_level is None else \
+        replace(c.placement, colocate=replace(c.placement.colocate, sleep_level=sleep_level))
+    config = replace(c, model=replace(c.model, **model_changes), vllm=replace(c.vllm, **vllm), placement=placement,
                      cluster=replace(c.cluster, nodes=nodes or c.cluster.nodes),
                      trainer={**c.trainer, **(trainer or {})})
     if zero is not None:

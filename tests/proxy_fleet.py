@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+from standins.sim_replica import SimReplica
 
 from grpo_launch.proxy.config import ProxyConfig
 from grpo_launch.proxy.server import Proxy, running
-from grpo_launch.proxy.sim_replica import SimReplica
 
 WAIT_S = 5.0  # any condition a test waits for is met well within this, or the test fails
 

@@ -16,8 +16,8 @@ from functools import cache
 from grpo_launch.compose import Composed, compose
 from grpo_launch.contracts.accelerators import accelerator
 from grpo_launch.contracts.performance import StepPrediction
-from grpo_launch.memory import catalog
 from grpo_launch.plan import build_plan
+from grpo_launch.plan.model import resolve_model
 from grpo_launch.plan.placements import placement_of
 from grpo_launch.plan.step_time import StepModel
 
@@ -25,13 +25,13 @@ BATCHES = (8, 16, 32)          # the batch sweeps' per-device batches (assumptio
 TPS = (1, 2, 4)                # the colocated TP sweeps
 # The async post ran on H200s: a trainer Job of 2 GPUs and one Job per replica (a node of 2 + replicas GPUs here).
 H200 = ("cluster.gpu_type=H200", "cluster.gpu_memory_gib=141")
-RUN1 = ("recipe=qwen1.5b-async-lora-run1", *H200, "cluster.gpus_per_node=4", "vllm.data_parallel_size=2",
+RUN1 = ("recipe=qwen1.5b-async-lora-run1", *H200, "cluster.gpus_per_node=4", "placement.async_lora.replicas=2",
         "trainer.max_inflight_tasks=128")
-RUN3 = ("recipe=qwen1.5b-async-lora", *H200, "cluster.gpus_per_node=4", "vllm.data_parallel_size=2",
+RUN3 = ("recipe=qwen1.5b-async-lora", *H200, "cluster.gpus_per_node=4", "placement.async_lora.replicas=2",
         "trainer.max_inflight_tasks=128")
-RUN4 = ("recipe=qwen1.5b-async-lora", *H200, "cluster.gpus_per_node=5", "vllm.data_parallel_size=3",
+RUN4 = ("recipe=qwen1.5b-async-lora", *H200, "cluster.gpus_per_node=5", "placement.async_lora.replicas=3",
         "trainer.max_inflight_tasks=128")
-RUN5 = ("recipe=qwen1.5b-async-lora", *H200, "cluster.gpus_per_node=5", "vllm.data_parallel_size=3",
+RUN5 = ("recipe=qwen1.5b-async-lora", *H200, "cluster.gpus_per_node=5", "placement.async_lora.replicas=3",
         "trainer.max_inflight_tasks=384", "trainer.queue_maxsize=768")
 
 
@@ -60,7 +60,7 @@ def generation_rate(*overrides: str) -> float:
     """Tokens per second the plan's replicas decode at their in-flight concurrency."""
     c = composed(*overrides)
     plan = build_plan(c)
-    model = StepModel(c.config, plan, catalog.resolve(c.config.model).shape, accelerator(c.config.cluster.gpu_type),
+    model = StepModel(c.config, plan, resolve_model(c.config).resolved.shape, accelerator(c.config.cluster.gpu_type),
                       placement_of(c.config))
     in_flight = model.arg("max_inflight_tasks")
     running = in_flight / len(plan.engines)

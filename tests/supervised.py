@@ -60,7 +60,7 @@ def two_replica_plan(tmp_path: Path, replica0: list[str], replica1: list[str], t
     ports = [free_port() for _ in range(3)]
     proxy_url = f"http://127.0.0.1:{ports[2]}/health"
     return with_processes(
-        plan_json("recipe=qwen1.5b-async-lora", "vllm.data_parallel_size=2"), tmp_path,
+        plan_json("recipe=qwen1.5b-async-lora", "placement.async_lora.replicas=2"), tmp_path,
         {"vllm-0": (standin_server(ports[0], *replica0), ports[0]),
          "vllm-1": (standin_server(ports[1], *replica1), ports[1]),
          "proxy": (standin_server(ports[2]), ports[2]),

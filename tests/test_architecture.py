@@ -109,13 +109,41 @@ def test_placement_names_are_compared_only_in_their_own_modules():
     quoted = "|".join(map(re.escape, names))
     comparison = re.compile(rf"""(==|!=|\bin)\s*\(?["']({quoted})["']""")
     trl_mode = re.compile(r"\.mode\s*(==|!=)")  # TRL's own vllm_mode (VLLMGeneration.mode): TRL's words, not ours
+    found = [line for line in _lines_matching(comparison, skip=lambda m: m.startswith("grpo_launch.plan.placements.")
+                                              or m == "grpo_launch.compose.trl_fields")
+             if not trl_mode.search(line)]
+    assert not found, "\n".join(found)
+
+
+def _lines_matching(pattern: re.Pattern, skip=lambda module: False) -> list[str]:
     found = []
     for module, path in MODULES.items():
-        if module.startswith("grpo_launch.plan.placements.") or module == "grpo_launch.compose.trl_fields":
+        if skip(module):
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            if comparison.search(line) and not trl_mode.search(line):
+            if pattern.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    return found
+
+
+def test_the_device_is_asked_not_compared():
+    """What differs between a GPU and a CPU is the device strategy's (contracts/devices.py): nothing else compares
+    cluster.accelerator, or a value, with a device's name."""
+    from grpo_launch.contracts.devices import DEVICES
+
+    names = "|".join(map(re.escape, DEVICES))
+    switch = re.compile(rf"""accelerator\s*(==|!=)|(==|!=|\bin)\s*\(?["']({names})["']|["']({names})["']\s*(==|!=)""")
+    found = _lines_matching(switch, skip=lambda m: m == "grpo_launch.contracts.devices")
+    assert not found, "\n".join(found)
+
+
+def test_the_plan_is_read_by_typed_fields():
+    """The processes and the planner read the plan's typed fields: no key of its batch, its TRL arguments or its
+    generated files is looked up (TRL's arguments pass to TRL whole; `trl_fields.effective` reads a TRL field with
+    its default), and roles, trainers, weight syncs and shardings are enumerations, not strings compared."""
+    lookup = re.compile(r"""\.(batch|trainer_args|files)\s*(\[|\.get\()""")
+    compared = re.compile(r"""\.(role|trainer|weight_sync|sharding)\s*(==|!=|\bin)\s*\(?["']""")
+    found = _lines_matching(lookup) + _lines_matching(compared)
     assert not found, "\n".join(found)
 
 
@@ -123,14 +151,7 @@ def _comparisons_outside(names: tuple[str, ...], allowed) -> list[str]:
     """Lines outside the modules `allowed(module)` accepts that compare a value with one of `names`."""
     quoted = "|".join(map(re.escape, names))
     comparison = re.compile(rf"""(==|!=|\bin)\s*\(?["']({quoted})["']|["']({quoted})["']\s*(==|!=)""")
-    found = []
-    for module, path in MODULES.items():
-        if allowed(module):
-            continue
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if comparison.search(line):
-                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
-    return found
+    return _lines_matching(comparison, skip=allowed)
 
 
 def test_scheduler_names_are_compared_only_in_their_own_modules():
@@ -145,13 +166,22 @@ def test_scheduler_names_are_compared_only_in_their_own_modules():
         assert not found, "\n".join(found)
 
 
-def test_trainer_and_weight_sync_names_are_compared_only_in_their_own_modules():
-    """What the trainer entrypoint runs (contracts.plan.TRAINERS) is dispatched in trainer/main.py only; how weights
-    reach vLLM (WEIGHT_SYNCS) is read by the trainer module that does it (trainer/vllm_sync.py: "reload")."""
-    from grpo_launch.contracts.plan import TRAINERS, WEIGHT_SYNCS
+def test_trainers_and_weight_syncs_are_compared_only_in_their_own_modules():
+    """What the trainer entrypoint runs (contracts.plan.Trainer) is dispatched in trainer/main.py; how weights reach
+    vLLM (contracts.devices.WeightSync) is read by the trainer module that does it (trainer/vllm_sync.py). The
+    placements choose them (and the device strategy its own weight sync); nothing else compares either, by name or
+    by member."""
+    from grpo_launch.contracts.devices import WeightSync
+    from grpo_launch.contracts.plan import Trainer
 
-    found = _comparisons_outside(TRAINERS, lambda m: m == "grpo_launch.trainer.main")
-    found += _comparisons_outside(WEIGHT_SYNCS, lambda m: m == "grpo_launch.trainer.vllm_sync")
+    def choosers(module: str) -> bool:
+        return module.startswith("grpo_launch.plan.placements.")
+
+    found = _comparisons_outside(tuple(Trainer), lambda m: m == "grpo_launch.trainer.main" or choosers(m))
+    found += _comparisons_outside(tuple(WeightSync), lambda m: m == "grpo_launch.trainer.vllm_sync" or choosers(m))
+    members = re.compile(r"(==|!=|\bin)\s*\(?(Trainer|WeightSync)\.|\b(Trainer|WeightSync)\.\w+\s*(==|!=)")
+    found += _lines_matching(members, skip=lambda m: choosers(m) or m in (
+        "grpo_launch.trainer.main", "grpo_launch.trainer.vllm_sync", "grpo_launch.contracts.devices"))
     assert not found, "\n".join(found)
 
 

@@ -28,9 +28,10 @@ def test_adapter_versions_flow_through_the_proxy_to_both_replicas(tmp_path):
     """The proxy listens beyond loopback here, so it requires a client key: the supervisor's probes and TRL's
     clients in the trainer (control calls and generation) all send it, and it is in no file of the run."""
     key = "proxy-key-8c1e4b7a2f"
-    result = grpo("run", "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}", "proxy.host=0.0.0.0",
-                  "proxy.api_key_env=GRPO_TEST_PROXY_KEY", env={"COLUMNS": "200", "GRPO_TEST_PROXY_KEY": key},
-                  cwd=tmp_path, timeout=900)
+    result = grpo("run", "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}",
+                  "placement.async_lora.proxy.host=0.0.0.0",
+                  "placement.async_lora.proxy.api_key_env=GRPO_TEST_PROXY_KEY",
+                  env={"COLUMNS": "200", "GRPO_TEST_PROXY_KEY": key}, cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:]
     run_dir = Path(re.search(r"run directory: (\S+)", result.stdout).group(1))
     assert "client API key required" in (run_dir / "logs" / "proxy.log").read_text()

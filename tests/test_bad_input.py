@@ -35,17 +35,14 @@ BAD_PLAN_INPUTS = [
     # out of range / not a choice
     (["vllm.gpu_memory_utilization=1.5"], "'vllm.gpu_memory_utilization' must be <= 1.0"),
     (["cluster.nodes=0"], "'cluster.nodes' must be >= 1"),
-    (["vllm.sleep_level=3"], "'vllm.sleep_level' must be one of 0, 1, 2"),
+    (["placement.colocate.sleep_level=3"], "'placement.colocate.sleep_level' must be one of 0, 1, 2"),
     (["launcher=torchrn"], "'launcher' must be one of accelerate, torchrun; got 'torchrn'; did you mean 'torchrun'?"),
     (["trainer.lr_scheduler_type=cosin"], "did you mean 'cosine'?"),
     (["trainer.max_prompt_length=512"], "removed in TRL 0.28"),
     (["vllm.port=70000"], "'vllm.port' must be <= 65535"),
     # impossible layouts
-    (["recipe=qwen72b-colocate", "vllm.sleep_level=1"], "TRL 1.16's colocate sleep mode always uses level 2"),
+    (["recipe=qwen72b-colocate", "placement.colocate.sleep_level=1"], "'s colocate sleep mode always uses level 2"),
     (["recipe=qwen7b-colocate", "vllm.tensor_parallel_size=3"], "must divide the 8 trainer ranks of a node"),
-    (["recipe=qwen7b-colocate", "vllm.data_parallel_size=3"], "one engine per TP group"),
-    (["recipe=qwen7b-server", "vllm.data_parallel_size=2"], "talks to one server"),
-    (["recipe=qwen7b-server", "vllm.sleep_level=2"], "only applies to placement=colocate"),
     (["recipe=qwen7b-server", "vllm.tensor_parallel_size=16"], "needs vllm.tensor_parallel_size=16 GPUs"),
     (["recipe=qwen7b-server", "vllm.tensor_parallel_size=8"], "no GPU is left for the trainer"),
     (["recipe=qwen7b-colocate", "vllm.tensor_parallel_size=8"], "does not split Qwen/Qwen2.5-Math-7B's 28 attention"),
@@ -53,17 +50,20 @@ BAD_PLAN_INPUTS = [
     (["recipe=qwen1.5b-async-lora", "lora.enabled=false"], "placement async-lora syncs a LoRA adapter"),
     (["recipe=qwen1.5b-async-lora", "zero=3"], "FSDP2 only"),
     (["recipe=qwen1.5b-async-lora", "launcher=torchrun"], "async-lora needs launcher=accelerate"),
-    (["recipe=qwen1.5b-async-lora", "vllm.max_loras=4"], "must be at least trainer.max_staleness + 2 = 6"),
-    (["recipe=qwen1.5b-async-lora", "vllm.max_lora_rank=4"], "not a rank vLLM accepts"),
-    (["recipe=qwen1.5b-async-lora", "lora.r=16", "vllm.max_lora_rank=8"], "is below lora.r=16"),
-    (["recipe=qwen1.5b-async-lora", "vllm.data_parallel_size=9"], "do not fit"),
+    (["recipe=qwen1.5b-async-lora", "placement.async_lora.max_loras=4"],
+     "must be at least trainer.max_staleness + 2 = 6"),
+    (["recipe=qwen1.5b-async-lora", "placement.async_lora.max_lora_rank=4"], "not a rank vLLM accepts"),
+    (["recipe=qwen1.5b-async-lora", "lora.r=16", "placement.async_lora.max_lora_rank=8"], "is below lora.r=16"),
+    (["recipe=qwen1.5b-async-lora", "placement.async_lora.replicas=9"], "do not fit"),
     (["recipe=qwen1.5b-async-lora", "lora.target_modules=[lm_head]"], "cannot serve adapters on the output head"),
-    (["recipe=qwen1.5b-async-lora", "proxy.port=8000"], "port 8000 on node 0 is wanted by both"),
+    (["recipe=qwen1.5b-async-lora", "placement.async_lora.proxy.port=8000"], "port 8000 on node 0 is wanted by both"),
     (["recipe=qwen7b-server", "run.main_process_port=8000"], "port 8000 on node 0 is wanted by both"),
     (["placement=server"], "vllm.enabled=false"),
-    (["recipe=tiny-cpu-colocate", "vllm.sleep_level=2"], "vLLM has no sleep mode on a CPU"),
+    (["recipe=tiny-cpu-colocate", "placement.colocate.sleep_level=2"],
+     "vLLM has no sleep mode on cluster.accelerator=cpu"),
     (["recipe=tiny-cpu-async-lora", "vllm.block_size=16"], "takes KV-cache blocks of a multiple of 32 tokens"),
-    (["recipe=tiny-cpu-async-lora", "cluster.gpus_per_node=4"], "async-lora on a CPU trains in 1 process"),
+    (["recipe=tiny-cpu-async-lora", "cluster.gpus_per_node=4"],
+     "async-lora on cluster.accelerator=cpu trains in 1 process"),
     # evaluation (data.eval)
     (["recipe=tiny-cpu-async-lora", "data.eval=held-out"], "placement async-lora cannot evaluate"),
     (["data.eval=test"], "a built-in task's held-out rows are 'held-out'"),
@@ -86,8 +86,8 @@ BAD_PLAN_INPUTS = [
     (["scheduler=slurm", "scheduler.slurm.gres=gpu:2", "scheduler.slurm.gpus_per_node=2"], "both request GPUs"),
     (["cluster.nodes=2", "run.rendezvous_timeout_s=0"], "'run.rendezvous_timeout_s' must be > 0"),
     # two nodes on one machine share its ports
-    (["recipe=tiny-cpu-async-lora", "cluster.nodes=2", "cluster.gpus_per_node=1", "vllm.data_parallel_size=1",
-      "proxy.port=8000"],
+    (["recipe=tiny-cpu-async-lora", "cluster.nodes=2", "cluster.gpus_per_node=1", "placement.async_lora.replicas=1",
+      "placement.async_lora.proxy.port=8000"],
      "port 8000 on nodes 1 and 0 (both 127.0.0.1) is wanted by both vLLM replica 0 and the routing proxy"),
     # TRL's batch rules with the plan's world size
     (["trainer.per_device_train_batch_size=3"], "must be divisible by trainer.num_generations=4"),
@@ -195,6 +195,42 @@ def test_bad_plan_input(overrides, message, capsys):
     assert captured.out == ""
 
 
+MOVED_KEYS = [("vllm.sleep_level=2", "placement.colocate.sleep_level"),
+              ("vllm.group_port=5000", "placement.server.group_port"),
+              ("vllm.data_parallel_size=4", "placement.async_lora.replicas"),
+              ("vllm.max_loras=8", "placement.async_lora.max_loras"),
+              ("proxy.port=9000", "placement.async_lora.proxy.port"),
+              ("proxy.api_key_env=KEY", "placement.async_lora.proxy.api_key_env")]
+
+
+@pytest.mark.parametrize(("override", "new"), MOVED_KEYS, ids=[o for o, _ in MOVED_KEYS])
+def test_a_moved_key_names_its_new_place(override, new, capsys):
+    assert main(["plan", override]) == 2
+    err = capsys.readouterr().err
+    assert f"unknown key '{override.partition('=')[0]}': it moved; did you mean '{new}'?" in err
+
+
+def test_independent_mistakes_are_reported_together(capsys):
+    """Five rules the tiny CPU recipe breaks as async-lora, each independent of the others: one round to fix them,
+    not five."""
+    assert main(["plan", "placement=async-lora"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 5
+    for fragment in ("not a field of AsyncGRPOConfig", "placement async-lora cannot evaluate", "but vllm.enabled=false",
+                     "but lora.enabled=false", "no GPU is left for the trainer"):
+        assert fragment in err
+
+
+def test_every_bound_and_trainer_field_is_checked_at_once(capsys):
+    assert main(["plan", "cluster.nodes=0", "vllm.port=70000", "trainer.learning_rate=-1",
+                 "trainer.learnig_rate=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 4
+    for fragment in ("'cluster.nodes' must be >= 1", "'vllm.port' must be <= 65535", "'trainer.learning_rate' must "
+                     "be > 0", "did you mean 'trainer.learning_rate'?"):
+        assert fragment in err
+
+
 def test_bad_input_through_the_real_entry_point(tmp_path):
     result = grpo("plan", "trainer.learnig_rate=1", cwd=tmp_path)
     assert result.returncode == 2
@@ -217,7 +253,12 @@ def _user_recipe(tmp_path, name: str, body: str):
 
 BAD_RECIPE_FILES = [
     ("# @package _global_\ntrainer:\n  learnig_rate: 1.0\n", "did you mean 'trainer.learning_rate'?"),
-    ("# @package _global_\nvllm:\n  sleep_levl: 2\n", "did you mean 'vllm.sleep_level'?"),
+    ("# @package _global_\nplacement:\n  colocate:\n    sleep_levl: 2\n",
+     "did you mean 'placement.colocate.sleep_level'?"),
+    ("# @package _global_\nvllm:\n  sleep_level: 2\n", "unknown key 'vllm.sleep_level': it moved; did you mean "
+                                                       "'placement.colocate.sleep_level'?"),
+    ("# @package _global_\nproxy:\n  port: 9000\n", "unknown key 'proxy': it moved; did you mean "
+                                                    "'placement.async_lora.proxy'?"),
     ("# @package _global_\ncluster:\n  nodes: many\n", "'cluster.nodes' must be an integer"),
     ("# @package _global_\ndefaults:\n  - override /zero: '9'\n", "cannot compose the recipe"),
     ("# @package _global_\ntrainer: [unclosed\n", "cannot compose the recipe"),

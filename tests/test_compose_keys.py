@@ -6,7 +6,8 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
-from grpo_launch.compose import PRIMARY_DIR, Composer, _quoted, _translate_overrides, _typed, _user_error, recipes
+from grpo_launch.compose import PRIMARY_DIR, Composer, _quoted, _translate_overrides, _typed, recipes
+from grpo_launch.compose.hydra_errors import user_error
 from grpo_launch.compose.origins import Origins
 
 CASES = [
@@ -36,7 +37,7 @@ def hydra_all_at_once(groups, keys):
             del cfg["hydra"]
         return OmegaConf.to_object(cfg)
     except Exception as e:  # noqa: BLE001  (any composition error, compared by its user-facing words)
-        return _user_error(e, lines).message
+        return user_error(e, lines).message
 
 
 @pytest.mark.parametrize("overrides", CASES, ids=[" ".join(c) or "(none)" for c in CASES])

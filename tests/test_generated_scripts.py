@@ -43,7 +43,7 @@ HOSTILE_KEYS = {
 NOT_HOSTILE = {
     "scheduler.setup": "shell by design: run as written (checked below to run exactly that)",
     "cluster.hosts": "addresses: checked to be hostnames or IP addresses (issue 15 §4)",
-    "proxy.host": "an address: checked to be a hostname or IP address (issue 15 §4)",
+    "placement.async_lora.proxy.host": "an address: checked to be a hostname or IP address (issue 15 §4)",
     "placement.kind": "a placement's name: one of the placements, chosen with placement=NAME",
     **{f"scheduler.hf_jobs.{key}": "scheduler=hf-jobs checks its forms at plan time (plan/schedulers/hf_jobs.py: "
                                    "names, namespace/name, an absolute path, a duration, image references, the "
@@ -171,7 +171,8 @@ def started(plan: Plan, node: int) -> list[list[str]]:
 VARIANTS = {
     "colocate-local": ("recipe=tiny-cpu-colocate",),
     "server-slurm": ("recipe=tiny-cpu-server", "scheduler=slurm", "cluster.nodes=2"),
-    "async-lora-skypilot": ("recipe=tiny-cpu-async-lora", "scheduler=skypilot", "proxy.api_key_env=GRPO_PROXY_KEY"),
+    "async-lora-skypilot": ("recipe=tiny-cpu-async-lora", "scheduler=skypilot",
+                            "placement.async_lora.proxy.api_key_env=GRPO_PROXY_KEY"),
     "server-skypilot-gpus": ("recipe=qwen7b-server", "scheduler=skypilot", "cluster.nodes=2",
                              "scheduler.skypilot.accelerators=H100:8"),
     "colocate-slurm-gpus": ("recipe=qwen72b-colocate", "scheduler=slurm"),
@@ -283,7 +284,8 @@ HOSTILE_REFUSED = [
      "'env.set.$(touch /tmp/grpo-canary)' takes an environment variable name"),
     ("# @package _global_\nenv:\n  passthrough: [\"HF_TOKEN\\nrm -rf x\"]\n", "'env.passthrough[0]' holds the control"),
     ("# @package _global_\nenv:\n  passthrough: ['A B']\n", "'env.passthrough[0]' takes an environment variable name"),
-    ("# @package _global_\nproxy:\n  api_key_env: 'KEY;x'\n", "'proxy.api_key_env' takes an environment variable"),
+    ("# @package _global_\nplacement:\n  async_lora:\n    proxy:\n      api_key_env: 'KEY;x'\n",
+     "'placement.async_lora.proxy.api_key_env' takes an environment variable"),
     # scheduler fields: one token of what the scheduler accepts, no line break
     ("# @package _global_\nscheduler:\n  slurm:\n    partition: \"gpu\\ntouch /tmp/x\"\n",
      "'scheduler.slurm.partition' holds the control character '\\n'"),

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_standin_token"
-ONE_REPLICA = ["vllm.data_parallel_size=1", "cluster.gpus_per_node=2"]
+ONE_REPLICA = ["placement.async_lora.replicas=1", "cluster.gpus_per_node=2"]
 
 
 @pytest.fixture(scope="module")

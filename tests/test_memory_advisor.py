@@ -52,7 +52,7 @@ def test_ranked_by_the_proxy():
 
 
 def test_command_line_choices_stay_when_a_layout_fits_with_them():
-    _, advice = _advice("recipe=qwen72b-colocate", "vllm.tensor_parallel_size=8", "vllm.sleep_level=2")
+    _, advice = _advice("recipe=qwen72b-colocate", "vllm.tensor_parallel_size=8", "placement.colocate.sleep_level=2")
     assert advice.freed == ()
     for suggestion in advice.suggestions:
         assert (suggestion.knobs.tp, suggestion.knobs.sleep_level) == (8, 2)
@@ -65,10 +65,10 @@ def test_the_plan_itself_is_a_suggestion_when_it_ranks():
 
 
 def test_only_the_choices_the_suggestions_change_are_named():
-    _, advice = _advice("recipe=qwen72b-colocate", "zero=2", "vllm.sleep_level=2")
+    _, advice = _advice("recipe=qwen72b-colocate", "zero=2", "placement.colocate.sleep_level=2")
     assert "zero=2" in advice.freed
     sleep_levels = {s.knobs.sleep_level for s in advice.suggestions}
-    assert ("vllm.sleep_level=2" in advice.freed) == (sleep_levels != {2})
+    assert ("placement.colocate.sleep_level=2" in advice.freed) == (sleep_levels != {2})
 
 
 def test_cpu_recipe_gets_no_suggestions_and_says_why():

@@ -68,12 +68,12 @@ def test_lora_parameters_by_hand():
 
 
 def test_resolve_catalog_builtin_and_mirror():
-    assert catalog.resolve(Model(name_or_path="Qwen/Qwen2.5-Math-72B")).source == "catalog"
-    mirror = catalog.resolve(Model(name_or_path="my-org/Qwen2.5-Math-7B"))  # a fine-tune keeps the repository name
+    assert catalog.resolve(Model(name_or_path="Qwen/Qwen2.5-Math-72B"), None).source == "catalog"
+    mirror = catalog.resolve(Model(name_or_path="my-org/Qwen2.5-Math-7B"), None)  # a fine-tune keeps the repo's name
     assert mirror.shape == catalog.CATALOG["Qwen/Qwen2.5-Math-7B"]
-    tiny = catalog.resolve(Model(name_or_path="builtin:tiny"))
+    tiny = catalog.resolve(Model(name_or_path="builtin:tiny"), None)
     assert tiny.source == "built-in" and tiny.shape.hidden == 64
-    assert catalog.resolve(Model(name_or_path="nobody/unknown-model")) is None
+    assert catalog.resolve(Model(name_or_path="nobody/unknown-model"), None) is None
 
 
 def test_local_config_json(tmp_path):
@@ -81,7 +81,7 @@ def test_local_config_json(tmp_path):
            "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936,
            "tie_word_embeddings": True, "max_position_embeddings": 40960}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    resolved = catalog.resolve(Model(name_or_path=str(tmp_path)))
+    resolved = catalog.resolve(Model(name_or_path=str(tmp_path)), catalog.local_config(str(tmp_path)))
     assert resolved.source.endswith("config.json")
     assert resolved.shape == catalog.CATALOG["Qwen/Qwen3-0.6B"]
 
@@ -90,4 +90,4 @@ def test_local_config_json_of_a_mixture_of_experts_is_not_sized(tmp_path):
     cfg = {"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048, "num_attention_heads": 32,
            "intermediate_size": 6144, "vocab_size": 151936, "num_experts": 128}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert catalog.resolve(Model(name_or_path=str(tmp_path))) is None
+    assert catalog.resolve(Model(name_or_path=str(tmp_path)), catalog.local_config(str(tmp_path))) is None

@@ -7,10 +7,11 @@ from conftest import replanned
 
 from grpo_launch.compose import compose
 from grpo_launch.contracts.memory import GIB
-from grpo_launch.memory import catalog
+from grpo_launch.contracts.plan import Colocated
 from grpo_launch.memory.catalog import CATALOG
 from grpo_launch.memory.estimate import estimate
 from grpo_launch.plan import build_plan
+from grpo_launch.plan.model import resolve_model
 from grpo_launch.plan.placements import PLACEMENTS
 
 QWEN_05B = CATALOG["Qwen/Qwen2.5-0.5B"]
@@ -74,10 +75,10 @@ def test_sleep_levels_decide_what_training_shares_with_vllm(colocate):
 
 
 def test_sleep_level_1_keeps_vllm_weights_in_host_memory(colocate):
-    # TRL 1.16 rejects level 1; the estimate still knows what it would cost
+    # TRL rejects level 1; the estimate still knows what it would cost
     composed, plan = replanned(colocate, model="Qwen/Qwen2.5-0.5B", zero=(2, False, False), sleep_level=2)
-    memory = estimate(composed.config, replace(plan, vllm=replace(plan.vllm, sleep_level=1)), PLACEMENTS["colocate"],
-                      catalog.resolve(composed.config.model))
+    memory = estimate(composed.config, replace(plan, vllm=replace(plan.vllm, colocated=Colocated(sleep_level=1))),
+                      PLACEMENTS["colocate"], resolve_model(composed.config).resolved)
     (host,) = memory.hosts
     training = {c.name: c.gib for c in host.phases[1].components}
     assert training["vLLM weights asleep (level 1)"] == pytest.approx(8 * 2 * P / GIB)  # 8 GPUs, TP 1

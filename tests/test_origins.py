@@ -17,8 +17,8 @@ SET_BY_A_FILE_INVALID_AFTER_AN_OVERRIDE = [
      "trainer.max_staleness=2 (set by recipe tiny-cpu-async-lora) is not a field of GRPOConfig"),
     (["recipe=qwen72b-colocate", "cluster.gpus_per_node=4"],
      "vllm.tensor_parallel_size=8 (set by recipe qwen72b-colocate) must divide the 4 trainer ranks of a node"),
-    (["recipe=qwen72b-colocate", "placement=server"],
-     "vllm.sleep_level=2 (set by recipe qwen72b-colocate) only applies to placement=colocate"),
+    (["recipe=qwen72b-colocate", "cluster.accelerator=cpu"],
+     "placement.colocate.sleep_level=2 (set by recipe qwen72b-colocate): vLLM has no sleep mode"),
     (["placement=server"], "but vllm.enabled=false (vllm.enabled=false is set by recipe tiny-cpu)"),
     # a group option file
     (["recipe=qwen1.5b-async-lora", "zero=3"], "zero.stage=3 (set by zero option 3): AsyncGRPOTrainer trains with"),
@@ -47,7 +47,7 @@ def test_the_fix_it_names_works():
     """`~trainer.beta` removes what the recipe set: the async-lora error is gone (the next one is another key's)."""
     with pytest.raises(UserError) as caught:
         build_plan(compose(["placement=async-lora", "~trainer.beta"]))
-    assert caught.value.key == "vllm.enabled"
+    assert caught.value.key == "data.eval"
 
 
 def _user_recipes(tmp_path, files: dict[str, str]):

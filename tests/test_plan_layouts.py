@@ -13,7 +13,7 @@ def test_qwen72b_colocate_layout():
     assert not [p for p in plan["processes"] if p["role"] == "vllm"]  # vLLM lives inside the ranks
     tp = plan["vllm"]["tensor_parallel_size"]
     assert 8 % tp == 0 and tp > 1
-    assert plan["vllm"]["sleep_level"] == 2
+    assert plan["vllm"]["colocated"]["sleep_level"] == 2
     assert plan["trainer_args"]["vllm_enable_sleep_mode"] is True
     assert {g for e in plan["engines"] for g in e["gpus"]} == set(range(8))
     assert sorted(r for e in plan["engines"] for r in e["ranks"]) == list(range(32))

@@ -163,8 +163,12 @@ def test_json_contract_keys():
     for key in ("recipe", "placement", "nodes", "gpus_per_node", "vllm", "zero_stage", "processes", "files",
                 "trainer_args", "warnings"):
         assert key in plan
-    for key in ("tensor_parallel_size", "data_parallel_size", "sleep_level", "gpu_memory_utilization"):
+    for key in ("tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "colocated"):
         assert key in plan["vllm"]
+    assert plan["vllm"]["colocated"]["sleep_level"] == 2
+    for key in ("num_generations", "per_device_train_batch_size", "rounds"):
+        assert key in plan["batch"]
+    assert plan["sharding"] == "zero" and plan["trainer_inputs"]["max_steps"] == 200
     for p in plan["processes"]:
         assert {"name", "role", "node", "gpus", "argv", "env", "port"} <= set(p)
         assert p["role"] in ("trainer", "vllm", "proxy")

@@ -8,6 +8,8 @@ import aiohttp
 import pytest
 from proxy_fleet import fleet
 
+PROXY = "placement.async_lora.proxy"
+
 CLIENT_KEY, UPSTREAM_KEY = "client-secret-3f9a", "upstream-secret-77c1"
 PATHS = [("GET", "/health"), ("GET", "/metrics"), ("GET", "/proxy/stats"), ("GET", "/v1/models"),
          ("GET", "/server_info"), ("POST", "/v1/completions"), ("POST", "/pause"), ("POST", "/v1/load_lora_adapter")]
@@ -74,7 +76,7 @@ def test_the_key_as_http_basic_password_is_accepted():
 
 
 def test_trl_async_clients_carry_the_key_the_trainer_puts_in_the_url(monkeypatch):
-    """async-lora with proxy.api_key_env: the trainer entrypoint gives TRL's clients the proxy's URL with the key
+    """async-lora with a proxy key: the trainer entrypoint gives TRL's clients the proxy's URL with the key
     (grpo_launch.trainer.main.server_url). TRL's own VLLMClient (requests) and its rollout loop's POST (an aiohttp
     session) reach the keyed proxy with it, and are refused without it."""
     import collections
@@ -92,11 +94,13 @@ def test_trl_async_clients_carry_the_key_the_trainer_puts_in_the_url(monkeypatch
 
     PartialState(cpu=True)  # TRL's client logs through accelerate, as in the trainer
     monkeypatch.setenv("GRPO_TEST_PROXY_KEY", CLIENT_KEY)
-    planned = Plan.from_json(plan_json("recipe=tiny-cpu-async-lora", "proxy.api_key_env=GRPO_TEST_PROXY_KEY"))
+    planned = Plan.from_json(plan_json("recipe=tiny-cpu-async-lora",
+                                       f"{PROXY}.api_key_env=GRPO_TEST_PROXY_KEY"))
 
     async def scenario():
         async with fleet(2, client_api_key=CLIENT_KEY) as f:
-            plan = dataclasses.replace(planned, trainer_args={**planned.trainer_args, "vllm_server_base_url": f.url})
+            plan = dataclasses.replace(planned, vllm=dataclasses.replace(
+                planned.vllm, replicas=dataclasses.replace(planned.vllm.replicas, proxy_url=f.url)))
             keyed = server_url(plan)
             assert keyed == f.url.replace("http://", f"http://grpo:{CLIENT_KEY}@")
             client = VLLMClient(keyed, server_timeout=5)
@@ -140,16 +144,16 @@ def test_a_proxy_beyond_loopback_needs_a_client_key(host, capsys, monkeypatch):
 
     assert main(["proxy", "--host", host, "--replica", "http://127.0.0.1:8000"]) == 2
     assert f"--host {host}: the proxy would listen on {host} without a client key" in capsys.readouterr().err
-    assert main(["plan", "recipe=tiny-cpu-async-lora", f"proxy.host={host}"]) == 2
+    assert main(["plan", "recipe=tiny-cpu-async-lora", f"{PROXY}.host={host}"]) == 2
     err = capsys.readouterr().err
-    assert f"the proxy would listen on {host} without a client key" in err and "proxy.api_key_env" in err
-    assert main(["plan", "recipe=tiny-cpu-async-lora", f"proxy.host={host}", "proxy.api_key_env=PROXY_KEY"]) == 0
+    assert f"the proxy would listen on {host} without a client key" in err and f"{PROXY}.api_key_env" in err
+    assert main(["plan", "recipe=tiny-cpu-async-lora", f"{PROXY}.host={host}", f"{PROXY}.api_key_env=PROXY_KEY"]) == 0
 
 
 def test_async_lora_with_a_client_key_plans_it_for_the_proxy_the_trainer_and_the_probes():
     from conftest import plan_json
 
-    plan = plan_json("recipe=tiny-cpu-async-lora", "proxy.host=0.0.0.0", "proxy.api_key_env=PROXY_KEY")
+    plan = plan_json("recipe=tiny-cpu-async-lora", f"{PROXY}.host=0.0.0.0", f"{PROXY}.api_key_env=PROXY_KEY")
     proxy = next(p for p in plan["processes"] if p["role"] == "proxy")
     trainer = next(p for p in plan["processes"] if p["role"] == "trainer")
     assert proxy["argv"][-2:] == ["--api-key-env", "PROXY_KEY"] and proxy["probe_key_env"] == "PROXY_KEY"
@@ -163,6 +167,6 @@ def test_a_keyed_plan_does_not_start_without_its_key(tmp_path, monkeypatch, caps
     from grpo_launch.cli import main
 
     monkeypatch.delenv("PROXY_KEY", raising=False)
-    assert main(["run", "recipe=tiny-cpu-async-lora", "proxy.api_key_env=PROXY_KEY", f"run.root={tmp_path}"]) == 2
+    assert main(["run", "recipe=tiny-cpu-async-lora", f"{PROXY}.api_key_env=PROXY_KEY", f"run.root={tmp_path}"]) == 2
     assert "PROXY_KEY is not set: the plan's proxy requires the client key" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []

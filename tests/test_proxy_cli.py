@@ -9,8 +9,7 @@ import sys
 
 import aiohttp
 from conftest import grpo
-
-from grpo_launch.proxy.sim_replica import SimReplica
+from standins.sim_replica import SimReplica
 
 CLIENT_KEY, UPSTREAM_KEY = "cli-client-secret-91", "cli-upstream-secret-42"
 

@@ -59,7 +59,8 @@ def served(tmp_path_factory):
     # Generator does not use offset"), and TRL seeds every request; many at once get chunked.
     plan = build_plan(compose(["recipe=tiny-cpu-async-lora", f"model.tiny.max_position_embeddings={CONTEXT}",
                                f"vllm.max_model_len={CONTEXT}", f"vllm.port={_free_pair()}",
-                               f"proxy.port={free_port()}", "vllm.extra_args=[--no-enable-chunked-prefill]"]))
+                               f"placement.async_lora.proxy.port={free_port()}",
+                               "vllm.extra_args=[--no-enable-chunked-prefill]"]))
     for step in plan.prepare:
         subprocess.run(step.argv, cwd=work, check=True, env=child_environment({}), stdout=subprocess.DEVNULL)
     services = [p for p in plan.processes if p.role in ("vllm", "proxy")]

@@ -82,7 +82,7 @@ def test_recipes_show_prints_every_key(capsys):
     assert doc["vllm"]["gpu_memory_utilization"] == 0.4
     assert doc["zero"] == {"stage": 3, "offload_optimizer": True, "offload_param": False,
                            "contiguous_gradients": True, "overlap_comm": True}
-    assert doc["proxy"]["host"] == "127.0.0.1"  # defaults filled in
+    assert doc["placement"]["async_lora"]["proxy"]["host"] == "127.0.0.1"  # defaults filled in
 
 
 def test_help_has_worked_examples():
@@ -115,7 +115,8 @@ PAIR_DIFFERENCES = {
     "placement.kind": "the comparison itself",
     "vllm.gpu_memory_utilization": "each placement's default: vLLM beside a trainer rank, or on GPUs of its own",
     "cluster.nodes": "72B: the server's fifth node",
-    "vllm.sleep_level": "72B: sleep mode frees a colocated vLLM's memory for the trainer; a server needs none",
+    "placement.colocate.sleep_level": "72B: sleep mode frees a colocated vLLM's memory for the trainer; a server needs "
+                                      "none",
     "vllm.tensor_parallel_size": "72B: one colocated engine per node (TP 8), the server on the fifth node's 4 GPUs",
 }
 

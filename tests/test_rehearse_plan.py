@@ -55,7 +55,7 @@ def test_qwen7b_server_shares_its_node():
 def test_qwen15b_async_lora_keeps_replicas_proxy_and_lora():
     _, plan, features, _ = rehearse("qwen1.5b-async-lora")
     assert [p.name for p in plan.processes] == ["vllm-0", "vllm-1", "proxy", "trainer"]
-    assert plan.trainer_inputs.lora.r == 1 and plan.vllm.lora.max_lora_rank == 1
+    assert plan.trainer_inputs.lora.r == 1 and plan.vllm.replicas.lora.max_lora_rank == 1
     assert features["vLLM servers"].real == "6" and features["vLLM servers"].rehearsal == "2"
     assert features["trainer"].status == COULD_NOT and "AsyncGRPOTrainer needs CUDA" in features["trainer"].why
 
@@ -65,7 +65,7 @@ def test_qwen15b_async_lora_keeps_replicas_proxy_and_lora():
 def test_rehearsals_are_small_and_keep_trls_rules(recipe):
     real, plan, features, _ = rehearse(recipe)
     assert plan.trainer_args["max_steps"] == 2 and plan.trainer_args["max_completion_length"] <= 8
-    assert plan.batch["num_generations"] == real.batch["num_generations"]  # kept, and the batch holds its groups
+    assert plan.batch.num_generations == real.batch.num_generations  # kept, and the batch holds its groups
     assert plan.trainer_inputs.model == "model" and plan.nodes <= 2 and plan.memory.fits
     assert features["num_generations"].status == KEPT and features["rewards"].status == KEPT
 

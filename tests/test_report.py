@@ -204,7 +204,7 @@ def test_async_starved_names_the_requests_in_flight(tmp_path):
     found = diagnosis.diagnose(summary.summarize(run.read_run(path)))
     assert found[0].kind == "async starved" and "waited for rollouts 83%" in found[0].text
     assert (found[0].knob, found[0].value) == ("trainer.max_inflight_tasks", 4)
-    assert (found[1].knob, found[1].value) == ("vllm.data_parallel_size", 2)
+    assert (found[1].knob, found[1].value) == ("placement.async_lora.replicas", 2)
 
 
 # -- compare ---------------------------------------------------------------------------------------------------------

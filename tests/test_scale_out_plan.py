@@ -82,8 +82,7 @@ def test_address_references_stay_expandable_in_shell_commands():
 
 
 def test_nodes_on_one_machine_share_its_ports():
-    machine = {0: "127.0.0.1", 1: "127.0.0.1", 2: "10.0.0.3"}
-    book = PortBook(machine.__getitem__)
+    book = PortBook(("127.0.0.1", "127.0.0.1", "10.0.0.3"))
     assert book.next_free(0, 8000, "a", "vllm.port") == 8000
     assert book.next_free(1, 8000, "b", "vllm.port") == 8001  # node 1 is node 0's machine
     assert book.next_free(2, 8000, "c", "vllm.port") == 8000  # another machine
@@ -94,7 +93,7 @@ def test_nodes_on_one_machine_share_its_ports():
 
 def test_every_port_of_loopback_nodes_is_distinct():
     plan = plan_json("recipe=tiny-cpu-async-lora", "cluster.nodes=2", "cluster.gpus_per_node=1",
-                     "vllm.data_parallel_size=1")
+                     "placement.async_lora.replicas=1")
     assert {p["node"] for p in plan["processes"]} == {0, 1}
     ports = [c["port"] for c in plan["ports"]]
     assert len(ports) == len(set(ports)), plan["ports"]
@@ -192,9 +191,10 @@ def test_json_contract_has_a_scheduler_section():
         plan = plan_json(*TWO_CPU_NODES, f"scheduler={kind}")
         section = plan["scheduler"]
         assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups", "verbatim", "jobs",
-                                "storage", "price_per_hour"}
+                                "storage", "price_per_hour", "cluster"}
         assert bool(section["jobs"]) == (kind == "hf-jobs")
         assert (section["kind"], section["job_file"]) == (kind, job_file)
+        assert (section["cluster"] is not None) == (kind == "skypilot")  # sky cancel / sky down take it
         # where `grpo report` says the metrics are: SkyPilot's node 0 and the Jobs' bucket keep them away from here
         assert bool(declared(kind).logs_elsewhere) == (kind in ("skypilot", "hf-jobs"))
         assert job_file is None or job_file in plan["files"]
@@ -251,3 +251,24 @@ def test_run_dry_run_prints_the_job_file_and_its_submission(tmp_path):
     assert "─ job.sbatch ─" in result.stdout and "#SBATCH --nodes=2" in result.stdout
     assert "would then run sbatch --parsable job.sbatch (in the run directory)" in result.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_first_node_failure_names_the_jobs_exit_code(tmp_path, capsys):
+    """Each failed node's record is typed (contracts.failures.NodeFailure); the job passes on the code of the node
+    that failed first, as `python -m grpo_launch.launch --first-failure` prints it for the Slurm job."""
+    from grpo_launch.contracts.failures import NodeFailure, node_failures
+    from grpo_launch.launch.__main__ import main as node_main
+    from grpo_launch.launch.follow import node_failures as followed
+
+    (tmp_path / "logs").mkdir()
+    assert node_main(["--run-dir", str(tmp_path), "--first-failure"]) == 0
+    assert capsys.readouterr().out == "\n"  # none failed: nothing to pass on
+    NodeFailure(1, 143, 2_000, "trainer-node1", "stopped while the trainer runs with code 143").write(tmp_path)
+    NodeFailure(0, 7, 1_000, "trainer-node0", "exited with code 7 (rank 3, at step 2: ValueError: x y)").write(tmp_path)
+    (tmp_path / "logs" / "node-2.failure.json").write_text("{")  # a node killed while writing its record
+    assert [f.node for f in node_failures(tmp_path)] == [0, 1]
+    assert node_main(["--run-dir", str(tmp_path), "--first-failure"]) == 0
+    assert capsys.readouterr().out == "7\n"
+    first = followed(tmp_path)[0]
+    assert (first.process, first.code, str(first)) == ("trainer-node0", 7, "trainer-node0 exited with code 7 (rank 3, "
+                                                                          "at step 2: ValueError: x y)")

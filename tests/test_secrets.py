@@ -136,7 +136,7 @@ def test_a_dev_mode_server_beyond_loopback_is_warned_about():
     for words in ("/pause, /sleep, /collective_rpc and the weight-update routes", "--api-key does not guard them",
                   "private network", "firewall", "network isolation of the scheduler"):
         assert words in warning
-    async_lora = plan_json("recipe=qwen1.5b-async-lora", "cluster.nodes=2", "vllm.data_parallel_size=2",
+    async_lora = plan_json("recipe=qwen1.5b-async-lora", "cluster.nodes=2", "placement.async_lora.replicas=2",
                            "placement.trainer_nodes=1")
     assert sum("dev mode" in w for w in async_lora["warnings"]) == len(
         [p for p in async_lora["processes"] if p["role"] == "vllm"])

@@ -310,7 +310,7 @@ def test_a_prepare_step_that_hangs_fails_within_its_bound(tmp_path):
 def test_the_plan_states_every_bound():
     """What the supervisor waits on, and for how long, is in plan.json (`grpo plan --json`)."""
     plan = Plan.from_json(plan_json("recipe=tiny-cpu-async-lora", "run.health_interval_s=2",
-                                    "run.health_failures=4", "vllm.restart_reset_s=120"))
+                                    "run.health_failures=4", "placement.async_lora.restart_reset_s=120"))
     for p in plan.processes:
         assert (p.liveness is not None) == (p.ready_url is not None), p.name
         if p.ready_url:

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import sys
 
-from grpo_launch.errors import EXIT_USER_ERROR, UserError
+from grpo_launch.errors import EXIT_USER_ERROR, UserError, every_error
 
 
 def render_error(error: UserError) -> None:
-    """The error as the user wrote its values: they are never rich markup (`[bold]`, `[/]`)."""
+    """The error (each of them, when several were found together) as the user wrote its values: they are never rich
+    markup (`[bold]`, `[/]`)."""
     from rich.console import Console
     from rich.text import Text
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
-    console.print(Text.assemble(("error:", "bold red"), f" {error.message}"))
-    if error.hint:
-        console.print(Text.assemble("  ", ("hint:", "dim"), f" {error.hint}"))
+    for e in every_error(error):
+        console.print(Text.assemble(("error:", "bold red"), f" {e.message}"))
+        if e.hint:
+            console.print(Text.assemble("  ", ("hint:", "dim"), f" {e.hint}"))
 
 
 def main(argv: list[str] | None = None) -> int:

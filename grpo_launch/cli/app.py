@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from grpo_launch.launch.result import GRACE_S
+
 # What `grpo --version` reports beside grpo-launch: the distributions a run depends on, by their package names.
 STACK = (("TRL", "trl"), ("vLLM", "vllm"), ("DeepSpeed", "deepspeed"), ("torch", "torch"))
 
@@ -26,7 +28,7 @@ def _grace(seconds: float) -> float:
     return seconds
 
 
-GraceOption = typer.Option(15.0, "--grace", metavar="S", callback=_grace, help="Seconds between SIGTERM and SIGKILL "
+GraceOption = typer.Option(GRACE_S, "--grace", metavar="S", callback=_grace, help="Seconds between SIGTERM and SIGKILL "
                                                                                "when stopping (0 to 600).")
 RecipesDirOption = typer.Option(
     None, "--recipes-dir", metavar="DIR",

@@ -22,7 +22,7 @@ EXAMPLES = """
   grpo plan recipe=qwen72b-colocate cluster.gpu_hour_price=2.5   the predicted step, GPU-hours and cost
   grpo plan -m recipe=qwen7b-server,qwen7b-colocate vllm.tensor_parallel_size=1,2,4 zero=2,3
                                                    12 layouts side by side (comma lists, range(), choice())
-  grpo plan -m recipe=qwen72b-colocate vllm.sleep_level=0,2 zero=3,3-offload --sort throughput --json
+  grpo plan -m recipe=qwen72b-colocate placement.colocate.sleep_level=0,2 zero=3,3-offload --sort throughput --json
 Every value is quoted wherever a generated file or a printed command holds it, except scheduler.setup (shell
 commands) and scheduler.slurm.sbatch (sbatch options), which run as written. Pass secrets by name: env.passthrough.
 """

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -31,7 +29,7 @@ def _grid(plan: Plan) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("", no_wrap=True)
     for g in range(plan.gpus_per_node):
-        table.add_column("CPU " + str(g) if plan.accelerator == "cpu" else f"GPU{g}", no_wrap=True)
+        table.add_column(f"GPU{g}" if plan.device.gpus else f"{plan.device.label} {g}", no_wrap=True)
     for node, row in enumerate(plan.gpu_map):
         table.add_row(f"node {node}", *(Text(label.replace(" + ", "\n"), style=_cell_style(label)) for label in row))
     return table
@@ -39,7 +37,7 @@ def _grid(plan: Plan) -> Table:
 
 def processes_table(plan: Plan) -> Table:
     """A row per process. A CPU plan's processes hold no GPU (CUDA_VISIBLE_DEVICES=''): no GPUs column there."""
-    on_gpus = plan.accelerator != "cpu"
+    on_gpus = plan.device.gpus
     table = Table(box=None, pad_edge=False, header_style="bold", show_header=True)
     for col in ("process", "node", *["GPUs"] * on_gpus, "port", "waits for", "command"):
         table.add_column(col, overflow="fold", no_wrap=col != "command")
@@ -95,7 +93,7 @@ def _jobs(plan: Plan) -> Table:
     """The machines a scheduler submits one by one (Hugging Face Jobs), in submit order: each one's flavor and
     price, image, mount, exposed ports, the address the others reach it at, its command, and when it ends."""
     s = plan.scheduler
-    unit = "GPU" if plan.accelerator == "cuda" else "CPU slot"
+    unit = "GPU" if plan.device.gpus else "CPU slot"
     widest = max(j.gpus for j in s.jobs)
     title = (f"{len(s.jobs)} Jobs, submitted in this order · ${s.price_per_hour:.2f}/h together · each has the "
              f"{unit}s its node uses (cluster.gpus_per_node={plan.gpus_per_node} is the widest Job's"
@@ -114,18 +112,15 @@ def _jobs(plan: Plan) -> Table:
 
 def vllm_settings_line(v: VllmSettings) -> str:
     """'key=value, ...' for every setting the placement resolved (LoRA slots flattened)."""
-    values = {k: val for k, val in dataclasses.asdict(v).items() if k not in ("enabled", "engine", "lora")}
-    if v.lora is not None:
-        values |= dataclasses.asdict(v.lora)
-    return ", ".join(f"{k}={val}" for k, val in values.items() if val is not None)
+    return ", ".join(f"{k}={val}" for k, val in v.items())
 
 
 def print_plan(plan: Plan, *, show_files: bool = False, memory_tables: bool = False,
                console: Console | None = None) -> None:
     """The plan, compact: the memory estimate as a verdict line per kind of memory unless `memory_tables`."""
     console = console or plain_console()
-    devices = counted(plan.gpus_per_node, "CPU process" if plan.accelerator == "cpu" else "GPU")
-    if plan.accelerator != "cpu":
+    devices = counted(plan.gpus_per_node, plan.device.slot)
+    if plan.device.gpus:
         devices += f" ({plan.gpu_type} {plan.gpu_memory_gib:g}GB)"
     console.print(f"[bold]{escape(plan.recipe)}[/] " + escape(f"· placement={plan.placement} · "
                                                              f"{counted(plan.nodes, 'node')} × {devices} · "
@@ -139,8 +134,7 @@ def print_plan(plan: Plan, *, show_files: bool = False, memory_tables: bool = Fa
         console.print(f"[bold]vllm[/]      {escape(f'{v.engine}: {vllm_settings_line(v)}')}")
     else:
         console.print(f"[bold]generation[/] {escape(v.engine)}")
-    b = plan.batch
-    console.print("[bold]batch[/]     " + escape(", ".join(f"{k}={val}" for k, val in b.items())))
+    console.print("[bold]batch[/]     " + escape(", ".join(f"{k}={val}" for k, val in plan.batch.items())))
     console.print(f"[bold]trainer[/]   TRL {plan.trainer_class}(" +
                   escape(", ".join(f"{k}={val!r}" for k, val in plan.trainer_args.items())) + ")")
     console.print()

@@ -25,18 +25,11 @@ commands) and scheduler.slurm.sbatch (sbatch options), which run as written. Pas
 """
 
 
-def _flatten(doc: object, prefix: str = "") -> dict[str, object]:
-    if isinstance(doc, dict):
-        out: dict[str, object] = {}
-        for k, v in doc.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): doc}
-
-
 def config_changes(old: dict, new: dict) -> list[str]:
     """'key: old -> new' for every key whose value differs."""
-    a, b = _flatten(old), _flatten(new)
+    from grpo_launch.compose.origins import flatten
+
+    a, b = flatten(old), flatten(new)
     return [f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k)]
 

@@ -15,8 +15,10 @@ if TYPE_CHECKING:
 def file_checks(composed: Composed, plan: Plan) -> list[FileCheck]:
     from grpo_launch.launch.preflight import file_checks as checks
     from grpo_launch.plan.checks import prompt_room
+    from grpo_launch.plan.model import resolve_model
 
-    return checks(plan, prompt_room(composed.config, plan.trainer_class))
+    context = resolve_model(composed.config).context
+    return checks(plan, prompt_room(composed.config, plan.trainer_class, context))
 
 
 def check_user_files(composed: Composed, plan: Plan) -> None:

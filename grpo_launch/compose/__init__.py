@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import re
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,16 +23,15 @@ import yaml
 
 from grpo_launch.compose import cache, recipes, schema, trl_fields
 from grpo_launch.compose.grammar import parse_override
+from grpo_launch.compose.hydra_errors import unknown_key, user_error
 from grpo_launch.compose.interpolations import check_defaults, check_no_environment
 from grpo_launch.compose.origins import Origins, dotted
+from grpo_launch.compose.recipes import PRIMARY_DIR
 from grpo_launch.contracts.builtins import names_a_path
 from grpo_launch.contracts.shell import shell_line
-from grpo_launch.errors import UserError, did_you_mean
+from grpo_launch.errors import UserError, collect
 
-PRIMARY_DIR = Path(__file__).with_name("primary")  # config.yaml: one option per group, the schema first
 SCHEMA_NAME = "grpo_launch_schema"                  # the schema's name in Hydra's ConfigStore
-_KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list",
-               dict: "a mapping"}
 
 
 @dataclass(frozen=True)
@@ -44,10 +41,6 @@ class Composed:
     overrides: tuple[str, ...]       # the command-line overrides as given
     choices: dict[str, str]          # the option chosen in each config group
     origins: Origins                 # where each value came from, for the errors about a key
-
-
-def _every_key() -> list[str]:
-    return [k for k, *_ in schema.schema_keys()] + [f"trainer.{n}" for n in trl_fields.all_field_names()]
 
 
 def _translate_overrides(overrides: Sequence[str], dirs: list[Path]) -> tuple[list[str], list[Any]]:
@@ -84,7 +77,7 @@ def _translate_overrides(overrides: Sequence[str], dirs: list[Path]) -> tuple[li
             raise UserError(f"'{text}': {key} is a key of the schema, which cannot be removed", key=key,
                             hint=f"give it another value: {key}=... (null where it takes none)")
         if (o.is_add() or o.is_force_add()) and not free and schema.type_at(dotted(key)) is None:
-            raise _unknown_key(key)  # OmegaConf would add it to the schema's section, and the typed config drop it
+            raise unknown_key(key)  # OmegaConf would add it to the schema's section, and the typed config drop it
         plain = not (o.is_delete() or o.is_add() or o.is_force_add())
         # A free-form mapping's key may be new; anything else must exist in the schema, which OmegaConf checks.
         keys.append(parse_override(f"++{text}") if plain and free else o)
@@ -95,7 +88,8 @@ def _apply_key_overrides(cfg: Any, overrides: list[Any]) -> None:
     """Key overrides applied to a composed config the way Hydra applies them once it has merged the defaults list
     (its documented grammar: key=value replaces, merging mappings; +key=value adds; ++key=value adds or replaces;
     ~key[=value] deletes), through OmegaConf's public API. So one Hydra composition of the group options serves
-    every combination of keys of a sweep. Failures are raised in Hydra's words, which `_user_error` reads."""
+    every combination of keys of a sweep. Failures are raised in Hydra's words, which `hydra_errors.user_error`
+    reads."""
     from hydra.errors import ConfigCompositionException
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
@@ -154,7 +148,7 @@ def _hydra_compose(dirs: list[Path], groups: list[str]) -> tuple[Any, dict[str, 
         with open_dict(cfg):
             del cfg["hydra"]
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
-        raise _user_error(e, []) from None
+        raise user_error(e, []) from None
     except RecursionError:
         raise UserError("cannot compose the recipe: Hydra recursed without end, on a file whose defaults list "
                         "includes itself or on a value nested too deeply", key=None,
@@ -197,85 +191,11 @@ def _typed(cfg: Any, keys: list[Any]) -> tuple[schema.Config, bool]:
         interpolated = _interpolated(cfg)
         config = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
-        raise _user_error(e, [o.input_line for o in keys]) from None
+        raise user_error(e, [o.input_line for o in keys]) from None
     except RecursionError:
         raise UserError("cannot compose the recipe: a value is nested too deeply", key=None) from None
     assert isinstance(config, schema.Config)
     return config, interpolated
-
-
-def _omegaconf_cause(e: BaseException) -> Any:
-    from omegaconf.errors import OmegaConfBaseException
-
-    while e is not None and not (isinstance(e, OmegaConfBaseException) and getattr(e, "full_key", None)):
-        e = e.__cause__ or e.__context__
-    return e
-
-
-def _user_error(e: BaseException, overrides: list[str]) -> UserError:
-    """A composition error as the user should read it: the key, what is wrong with it, how to fix it."""
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, ValidationError
-
-    text = str(e)
-    cause = _omegaconf_cause(e)
-    full_key = cause.full_key if cause is not None else None
-    if full_key is None:  # a group file's error carries the key in its text only
-        found = re.search(r"full_key: (\S+)", text)
-        full_key = found.group(1) if found else None
-    if full_key is not None:
-        if isinstance(cause, MissingMandatoryValue) or "Missing mandatory value" in text:
-            return UserError(f"missing required value '{full_key}'", key=full_key,
-                             hint=f"set it in the recipe or on the command line: {full_key}=...")
-        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) or " not in '" in text:
-            return _unknown_key(_unknown_path(text, full_key, overrides))
-        if isinstance(cause, ValidationError) or "ValidationError" in text:
-            return _wrong_type(full_key, cause.msg if cause is not None else text)
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    message = lines[0] if lines else type(e).__name__
-    return UserError(f"cannot compose the recipe: {message}", key=None, hint=" ".join(lines[1:3]) or None)
-
-
-def _unknown_path(text: str, full_key: str, overrides: list[str]) -> str:
-    """The unknown key's whole path. Hydra names the override it could not apply ("Could not override 'a.b'");
-    OmegaConf names the key from the value's own root when the value is a whole section or list of them."""
-    found = re.search(r"Could not override '([^']+)'", text)
-    if not found:
-        return full_key
-    overridden = found.group(1)
-    if full_key == overridden or full_key.startswith(overridden + "."):
-        return full_key
-    if typing.get_origin(schema.type_at(overridden)) is list:  # find the entry holding the unknown key
-        key = full_key.split(".")[0]
-        for given in map(parse_override, overrides):
-            if given.key_or_group == overridden and isinstance(given.value(), list):
-                index = next((i for i, v in enumerate(given.value()) if isinstance(v, dict) and key in v), 0)
-                return f"{overridden}[{index}].{full_key}"
-    return f"{overridden}.{full_key}" if schema.type_at(overridden) is not None else overridden
-
-
-def _unknown_key(path: str) -> UserError:
-    dotted = re.sub(r"\[(\d+)\]", r".\1", path)
-    if dotted.startswith("rewards."):  # a list entry: suggest the entry's own keys
-        index, _, rest = dotted[len("rewards."):].partition(".")
-        fields = [k for k, *_ in schema.schema_keys(schema.Reward)]
-        return UserError(f"unknown key 'rewards[{index}].{rest}'"
-                         f"{did_you_mean(rest, fields, prefix=f'rewards[{index}].')}", key=path,
-                         hint=f"each reward takes {', '.join(fields)}")
-    return UserError(f"unknown key '{path}'{did_you_mean(path, _every_key())}", key=path,
-                     hint="see `grpo recipes show` or docs/recipe-reference.md for every key")
-
-
-def _wrong_type(path: str, message: str) -> UserError:
-    if "'None'" in message or "is not Optional" in message:
-        return UserError(f"'{path}' must not be null", key=path, hint="give it a value, or drop it to use the default")
-    dotted = re.sub(r"\[(\d+)\]", r".\1", path)
-    tp = schema.type_at(dotted)
-    origin = typing.get_origin(tp) or tp
-    kind = _KIND_NAMES.get(origin, "a mapping of keys") if tp is not None else "another type"
-    found = re.search(r"Value '(.*)' (?:of type|is not)", message) or re.search(r"to string: '(.*)'", message)
-    got = f", got {found.group(1)!r}" if found else ""
-    hint = f"Hydra list syntax: {path}=[a,b]" if origin is list else None
-    return UserError(f"'{path}' must be {kind}{got}", key=path, hint=hint)
 
 
 class Composer:
@@ -321,8 +241,7 @@ class Composer:
                 raise Origins(tuple(self.dirs), tuple(choices.items()), overrides).locate(e) from None
         origins = Origins(tuple(self.dirs), tuple(choices.items()), overrides)
         try:
-            schema.check_bounds(config)
-            trl_fields.check_trainer_names(config.trainer)
+            collect(lambda: schema.check_bounds(config), lambda: trl_fields.check_trainer_names(config.trainer))
         except UserError as e:
             raise origins.locate(e, config) from None
         if entry and not cached and not interpolated and self.store:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.compose import schema
+from grpo_launch.contracts import userdirs
 from grpo_launch.contracts.typed import build
 
 CODE = Path(__file__).resolve().parents[1]
@@ -46,10 +47,7 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path:
-    explicit = os.environ.get("GRPO_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo-launch" / "compose"
+    return userdirs.cache_dir("compose", "GRPO_CACHE_DIR")
 
 
 def _digest(path: Path) -> str:

@@ -24,7 +24,7 @@ import yaml
 
 from grpo_launch.compose import recipes, schema
 from grpo_launch.compose.grammar import parse_override
-from grpo_launch.errors import UserError
+from grpo_launch.errors import UserError, UserErrors
 
 PACKAGE_HEADER = re.compile(r"^\s*#\s*@package\s+(\S+)")
 SCHEMA_DEFAULT = "the schema default"
@@ -69,12 +69,11 @@ def value_at(config: Any, path: str) -> Any:
     return value
 
 
-def _flatten(doc: Any, prefix: str, out: dict[str, Any]) -> None:
+def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
+    """Every value of a nested mapping by its dotted key below `prefix` (an empty mapping is a value)."""
     if isinstance(doc, dict) and doc:
-        for k, v in doc.items():
-            _flatten(v, f"{prefix}{k}.", out)
-    elif prefix:
-        out[prefix.rstrip(".")] = doc
+        return {key: value for k, v in doc.items() for key, value in flatten(v, f"{prefix}{k}.").items()}
+    return {prefix.rstrip("."): doc} if prefix else {}
 
 
 def _keys_of(path: Path, group: str) -> dict[str, Any]:
@@ -94,9 +93,7 @@ def _keys_of(path: Path, group: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         return {}
     doc.pop("defaults", None)
-    out: dict[str, Any] = {}
-    _flatten(doc, "" if package == "_global_" else f"{package}.", out)
-    return out
+    return flatten(doc, "" if package == "_global_" else f"{package}.")
 
 
 def _recipe_choices(path: Path) -> dict[str, str]:
@@ -166,7 +163,10 @@ class Origins:
 
     def locate(self, error: UserError, config: schema.Config | None = None) -> UserError:
         """`error` saying where the value of its key came from: after `key=value` when the message starts with it,
-        else in parentheses after the message's first line. Errors about no recipe key are returned as they are."""
+        else in parentheses after the message's first line. Errors about no recipe key are returned as they are;
+        several errors found together are each located."""
+        if isinstance(error, UserErrors):
+            return UserErrors([self.locate(e, config) for e in error.errors])
         if error.key is None or error.origin is not None or error.key in recipes.GROUPS:
             return error
         path = dotted(error.key)

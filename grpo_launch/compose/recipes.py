@@ -16,11 +16,13 @@ from pathlib import Path
 
 import yaml
 
+from grpo_launch.contracts import userdirs
 from grpo_launch.errors import UserError, did_you_mean
 
 ENV_VAR = "GRPO_RECIPES_PATH"
 GROUPS = ("cluster", "model", "data", "placement", "zero", "scheduler", "recipe")
-PRIMARY = "config"  # the primary config's name (compose/primary/config.yaml)
+PRIMARY = "config"  # the primary config's name
+PRIMARY_DIR = Path(__file__).with_name("primary")  # config.yaml alone: one option per group, the schema first
 
 
 def shipped_dir() -> Path:
@@ -33,8 +35,7 @@ def shipped_dir() -> Path:
 
 
 def user_dir() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "grpo-launch" / "recipes"
+    return userdirs.config_dir("recipes")
 
 
 def search_path(extra_dirs: Sequence[str | Path] = ()) -> list[Path]:
@@ -226,5 +227,5 @@ def _shadowing(dirs: Sequence[Path], name: str, dest_root: Path) -> str | None:
 
 def primary_choices() -> dict[str, str]:
     """The option the primary config chooses in each group (`recipe`: the embedded default recipe)."""
-    defaults = yaml.safe_load((Path(__file__).with_name("primary") / f"{PRIMARY}.yaml").read_text())["defaults"]
+    defaults = yaml.safe_load((PRIMARY_DIR / f"{PRIMARY}.yaml").read_text())["defaults"]
     return {group: str(option) for entry in defaults if isinstance(entry, dict) for group, option in entry.items()}

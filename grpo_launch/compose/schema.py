@@ -1,7 +1,8 @@
 """The typed recipe schema: every key with its type, default, bounds and one-line doc.
 
-These dataclasses are the structured config of the primary config (`compose.PRIMARY`): Hydra composes recipes
-into them, so OmegaConf rejects unknown keys, converts and checks types and finds missing values, naming the key.
+These dataclasses are the structured config of the primary config (`compose.recipes.PRIMARY_DIR`): Hydra composes
+recipes into them, so OmegaConf rejects unknown keys, converts and checks types and finds missing values, naming the
+key.
 `check_bounds` then checks every knob's bounds and choices in one pass over the typed `Config`. `trainer.*` is the
 one open section: its names are TRL's and are checked against `trl_fields`. docs/recipe-reference.md is generated
 from these classes (`python -m grpo_launch.compose.reference`).
@@ -12,15 +13,18 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from grpo_launch.contracts.devices import DEVICES
 from grpo_launch.contracts.inputs import Data, Lora
 from grpo_launch.contracts.knobs import ENV_NAME, default_of, knob, violation
-from grpo_launch.contracts.proxy import ProxyKnobs
+from grpo_launch.contracts.proxy import DEFAULT_PROXY_PORT, ProxyKnobs
 from grpo_launch.contracts.schedulers import DECLARED
 from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE
-from grpo_launch.errors import UserError, did_you_mean
+from grpo_launch.errors import UserError, collect, did_you_mean
 
 
 @dataclass(kw_only=True)
@@ -58,7 +62,7 @@ class Reward:
 class Cluster:
     accelerator: str = knob("cuda", "Device kind. cpu runs trainer ranks as CPU processes (gloo) and vLLM's CPU "
                                     "build (no sleep mode, no NCCL weight sync: weights are reloaded from files).",
-                            choices=("cuda", "cpu"))
+                            choices=tuple(DEVICES))
     nodes: int = knob(1, "Number of machines (at most 1024: grpo-launch plans every process of every node).",
                       ge=1, le=1024)
     gpus_per_node: int = knob(8, "GPUs per machine (with accelerator=cpu: trainer processes per machine); at most 64: "
@@ -78,54 +82,101 @@ class Cluster:
 
 
 @dataclass(kw_only=True)
+class Vllm:
+    """The engine settings every placement's vLLM takes; what one placement alone takes is in its own section of
+    `placement` (placement.colocate, placement.server, placement.async_lora)."""
+
+    enabled: bool = knob(True, "Generate with vLLM. false: generate with transformers inside the trainer "
+                               "(CPU runs, debugging; colocate only).")
+    tensor_parallel_size: int = knob(1, "GPUs per vLLM engine (tensor parallelism).", ge=1)
+    gpu_memory_utilization: float = knob(doc="Fraction of GPU memory vLLM may take. Each placement's group file "
+                                             "sets its default (`grpo recipes show` shows it).", gt=0.0, le=1.0)
+    max_model_len: int | None = knob(None, "Longest prompt + completion vLLM serves; null: the model's.", ge=1)
+    enable_prefix_caching: bool | None = knob(None, "vLLM automatic prefix caching; null: vLLM's default (on).")
+    enforce_eager: bool = knob(False, "Disable CUDA graphs (faster start, slower generation).")
+    block_size: int = knob(DEFAULT_BLOCK_SIZE, "KV-cache block size in tokens (--block-size); the proxy hashes "
+                                               "prompts in blocks of this size.", ge=1)
+    cpu_kvcache_space_gib: int = knob(1, "cluster.accelerator=cpu: GiB of host memory each vLLM engine keeps for "
+                                         "its KV cache (VLLM_CPU_KVCACHE_SPACE); gpu_memory_utilization does not "
+                                         "apply on a CPU.", ge=1)
+    port: int = knob(8000, "A `vllm serve` process (server, async-lora): HTTP port of the first on a machine; more "
+                           "there take the next free ports.", ge=1, le=65535)
+    health_timeout_s: float = knob(1800.0, "A `vllm serve` process: how long to wait for its /health before failing "
+                                           "the run.", gt=0)
+    extra_args: list[str] = knob(factory=list, doc="More `vllm serve` arguments (server, async-lora), appended "
+                                                   "verbatim.")
+
+
+@dataclass(kw_only=True)
+class Colocate:
+    sleep_level: int = knob(0, "0 keeps vLLM resident; 2 frees its weights and KV cache while training (TRL's "
+                               "sleep mode). Level 1 is not implemented by the pinned TRL.", choices=(0, 1, 2))
+
+
+@dataclass(kw_only=True)
+class Server:
+    group_port: int = knob(51216, "NCCL weight-sync rendezvous port, opened on trainer node 0.", ge=1, le=65535)
+
+
+@dataclass(kw_only=True)
+class Proxy(ProxyKnobs):
+    port: int = knob(DEFAULT_PROXY_PORT, "Port of the routing proxy.", ge=1, le=65535)
+    api_key_env: str | None = knob(None, "Name of the environment variable holding the key clients must send "
+                                         "(the trainer sends it too); required when the proxy's host is not "
+                                         "loopback; null: no client auth.", form=ENV_NAME)
+    upstream_api_key_env: str | None = knob(None, "Name of the environment variable whose value is sent to "
+                                                  "replicas as a Bearer token.", form=ENV_NAME)
+
+
+@dataclass(kw_only=True)
+class AsyncLora:
+    replicas: int = knob(2, "Independent `vllm serve` replicas behind the routing proxy.", ge=1)
+    max_loras: int | None = knob(None, "Adapter slots per replica (--max-loras); null: trainer.max_staleness + 2, "
+                                       "the least TRL accepts.", ge=1)
+    max_lora_rank: int | None = knob(None, "--max-lora-rank; null: the smallest vLLM rank >= lora.r.", ge=1)
+    stagger_s: float = knob(10.0, "Seconds between starting two replicas (spreads the load of weights from shared "
+                                  "storage).", ge=0)
+    max_restarts: int = knob(3, "How often the supervisor restarts a replica that dies (the proxy takes it back "
+                                "once healthy); the next death stops the run.", ge=0)
+    restart_reset_s: float = knob(600.0, "A replica that was ready this long before it died has its restarts "
+                                         "counted anew (max_restarts bounds deaths closer together).", gt=0)
+    proxy: Proxy = knob(factory=Proxy, doc="The KV-prefix routing proxy in front of the replicas.")
+
+
+@dataclass(kw_only=True)
 class Placement:
     kind: str = knob(doc="Where generation runs: colocate (vLLM inside every trainer rank), server (a vLLM "
                          "server on its own GPUs), async-lora (vLLM replicas behind the routing proxy, "
                          "LoRA adapters synced through shared storage). Chosen with placement=NAME, whose "
                          "group file also sets the placement's defaults.")
-    trainer_nodes: int | None = knob(None, "server/async-lora: machines given to the trainer; null: every "
-                                           "machine vLLM leaves whole, or node 0 when vLLM shares one "
-                                           "machine with the trainer.", ge=1)
+    trainer_nodes: int | None = knob(None, "Machines given to the trainer; null: every machine (colocate), or every "
+                                           "machine vLLM leaves whole, or node 0 when vLLM shares one machine with "
+                                           "the trainer (server, async-lora).", ge=1)
+    colocate: Colocate = knob(factory=Colocate, doc="placement=colocate: the engine inside the trainer ranks.")
+    server: Server = knob(factory=Server, doc="placement=server: the one server's weight sync.")
+    async_lora: AsyncLora = knob(factory=AsyncLora, doc="placement=async-lora: the replicas and the proxy.")
 
 
-@dataclass(kw_only=True)
-class Vllm:
-    enabled: bool = knob(True, "Generate with vLLM. false: generate with transformers inside the trainer "
-                               "(CPU runs, debugging; colocate only).")
-    tensor_parallel_size: int = knob(1, "GPUs per vLLM engine (tensor parallelism).", ge=1)
-    data_parallel_size: int | None = knob(None, "vLLM engines. colocate: derived (trainer ranks / TP); server: 1; "
-                                                "async-lora: independent replicas (default 2).", ge=1)
-    sleep_level: int = knob(0, "colocate: 0 keeps vLLM resident; 2 frees its weights and KV cache while "
-                               "training (TRL's sleep mode). Level 1 is not implemented by TRL 1.16.",
-                            choices=(0, 1, 2))
-    gpu_memory_utilization: float = knob(doc="Fraction of GPU memory vLLM may take. Each placement's group file "
-                                             "sets its default (`grpo recipes show` shows it).", gt=0.0, le=1.0)
-    max_model_len: int | None = knob(None, "Longest prompt + completion vLLM serves; null: the model's.", ge=1)
-    port: int = knob(8000, "HTTP port of the first vLLM server on a machine; more servers there take the "
-                           "next free ports.", ge=1, le=65535)
-    group_port: int = knob(51216, "server: NCCL weight-sync rendezvous port, opened on trainer node 0.",
-                           ge=1, le=65535)
-    enable_prefix_caching: bool | None = knob(None, "vLLM automatic prefix caching; null: vLLM's default (on).")
-    enforce_eager: bool = knob(False, "Disable CUDA graphs (faster start, slower generation).")
-    max_loras: int | None = knob(None, "async-lora: adapter slots per replica (--max-loras); null: "
-                                       "max_staleness + 2, the least TRL accepts.", ge=1)
-    max_lora_rank: int | None = knob(None, "async-lora: --max-lora-rank; null: the smallest vLLM rank >= lora.r.",
-                                     ge=1)
-    block_size: int = knob(DEFAULT_BLOCK_SIZE, "KV-cache block size in tokens (--block-size); the proxy hashes "
-                                               "prompts in blocks of this size.", ge=1)
-    extra_args: list[str] = knob(factory=list, doc="More `vllm serve` arguments, appended verbatim.")
-    health_timeout_s: float = knob(1800.0, "How long to wait for a server's /health before failing the run.",
-                                   gt=0)
-    stagger_s: float = knob(10.0, "async-lora: seconds between starting two replicas (spreads the load "
-                                  "of weights from shared storage).", ge=0)
-    cpu_kvcache_space_gib: int = knob(1, "cluster.accelerator=cpu: GiB of host memory each vLLM engine keeps for "
-                                         "its KV cache (VLLM_CPU_KVCACHE_SPACE); gpu_memory_utilization does not "
-                                         "apply on a CPU.", ge=1)
-    max_restarts: int = knob(3, "async-lora: how often the supervisor restarts a replica that dies (the proxy "
-                                "takes it back once healthy); the next death stops the run.", ge=0)
-    restart_reset_s: float = knob(600.0, "async-lora: a replica that was ready this long before it died has its "
-                                         "restarts counted anew (vllm.max_restarts bounds deaths closer together).",
-                                  gt=0)
+# Keys that moved, by their old name: a recipe or an override that uses one is told the new name.
+MOVED = {
+    "vllm.sleep_level": "placement.colocate.sleep_level",
+    "vllm.group_port": "placement.server.group_port",
+    "vllm.data_parallel_size": "placement.async_lora.replicas",
+    "vllm.max_loras": "placement.async_lora.max_loras",
+    "vllm.max_lora_rank": "placement.async_lora.max_lora_rank",
+    "vllm.stagger_s": "placement.async_lora.stagger_s",
+    "vllm.max_restarts": "placement.async_lora.max_restarts",
+    "vllm.restart_reset_s": "placement.async_lora.restart_reset_s",
+    "proxy": "placement.async_lora.proxy",
+}
+
+
+def moved_to(key: str) -> str | None:
+    """The new name of a key that moved (a section's keys move with it), or None."""
+    for old, new in MOVED.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old):]
+    return None
 
 
 @dataclass(kw_only=True)
@@ -139,16 +190,6 @@ class Zero:
 
 
 @dataclass(kw_only=True)
-class Proxy(ProxyKnobs):
-    port: int = knob(8080, "Port of the routing proxy.", ge=1, le=65535)
-    api_key_env: str | None = knob(None, "Name of the environment variable holding the key clients must send "
-                                         "(the trainer sends it too); required when proxy.host is not loopback; "
-                                         "null: no client auth.", form=ENV_NAME)
-    upstream_api_key_env: str | None = knob(None, "Name of the environment variable whose value is sent to "
-                                                  "replicas as a Bearer token.", form=ENV_NAME)
-
-
-@dataclass(kw_only=True)
 class Run:
     root: str = knob("runs", "Directory holding runs/<recipe>/<timestamp>/.")
     dir: str | None = knob(None, "Exact run directory; null: <root>/<recipe>/<timestamp>.")
@@ -159,8 +200,9 @@ class Run:
     health_interval_s: float = knob(5.0, "Once a server (vLLM, the proxy) is ready, its /health is probed this "
                                          "often, each probe given as long to answer.", gt=0)
     health_failures: int = knob(3, "Unanswered /health probes in a row after which a ready server is treated as "
-                                   "dead: restarted if it may be (vllm.max_restarts), else the run stops naming it. A "
-                                   "wedged server is noticed within health_failures x 2 x health_interval_s.", ge=1)
+                                   "dead: restarted if it may be (placement.async_lora.max_restarts), else the run "
+                                   "stops naming it. A wedged server is noticed within health_failures x 2 x "
+                                   "health_interval_s.", ge=1)
     exit_timeout_s: float = knob(300.0, "Several trainer nodes: once one node's launcher finished, how long the "
                                         "others may take to exit before the run fails naming them (srun --wait "
                                         "under Slurm).", gt=0)
@@ -210,7 +252,6 @@ class Config:
     vllm: Vllm = knob(factory=Vllm, doc="vLLM engines and servers.")
     zero: Zero = knob(factory=Zero, doc="DeepSpeed ZeRO.")
     lora: Lora = knob(factory=Lora, doc="LoRA adapter training.")
-    proxy: Proxy = knob(factory=Proxy, doc="The KV-prefix routing proxy (async-lora).")
     run: Run = knob(factory=Run, doc="The run directory and rendezvous.")
     scheduler: Scheduler = knob(factory=Scheduler, doc="How the processes reach the machines.")
     env: Env = knob(factory=Env, doc="Environment of every process.")
@@ -236,25 +277,26 @@ def _check_items(value: Any, tp: Any, path: str) -> None:
 
 def check_bounds(section: Any, prefix: str = "") -> None:
     """Every knob's bounds and choices, and the items of its lists and mappings, in one pass over a typed section
-    (lists of sections included)."""
+    (lists of sections included); every knob out of bounds is reported, together."""
     hints = typing.get_type_hints(type(section))
-    for f in dataclasses.fields(section):
-        value = getattr(section, f.name)
-        path = f"{prefix}{f.name}"
-        if isinstance(value, (list, dict)) and value:
-            _check_items(value, hints[f.name], path)
-        if dataclasses.is_dataclass(value):
-            check_bounds(value, f"{path}.")
-        elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
-            for i, item in enumerate(value):
-                check_bounds(item, f"{path}[{i}].")
-        elif value is not None:
-            problem = violation(value, f.metadata)
-            if problem:
-                choices = f.metadata.get("choices") or ()
-                suggestion = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
-                key = _item_key(path, value, f.metadata)
-                raise UserError(f"'{key}' {problem}{suggestion}", key=key, hint=f.metadata.get("doc") or None)
+    collect(*(partial(_check_knob, getattr(section, f.name), f.metadata, hints[f.name], f"{prefix}{f.name}")
+              for f in dataclasses.fields(section)))
+
+
+def _check_knob(value: Any, meta: Mapping[str, Any], tp: Any, path: str) -> None:
+    if isinstance(value, (list, dict)) and value:
+        _check_items(value, tp, path)
+    if dataclasses.is_dataclass(value):
+        check_bounds(value, f"{path}.")
+    elif isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+        collect(*(partial(check_bounds, item, f"{path}[{i}].") for i, item in enumerate(value)))
+    elif value is not None:
+        problem = violation(value, meta)
+        if problem:
+            choices = meta.get("choices") or ()
+            suggestion = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
+            key = _item_key(path, value, meta)
+            raise UserError(f"'{key}' {problem}{suggestion}", key=key, hint=meta.get("doc") or None)
 
 
 def _item_key(path: str, value: Any, meta: dict) -> str:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
 from grpo_launch.compose.origins import shown
 from grpo_launch.contracts.knobs import violation
-from grpo_launch.errors import UserError, did_you_mean
+from grpo_launch.errors import UserError, collect, did_you_mean
 
 FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
 CONFIG_CLASSES = {"GRPOConfig": "trl:GRPOConfig", "AsyncGRPOConfig": "trl.experimental.async_grpo:AsyncGRPOConfig"}
@@ -109,33 +109,37 @@ def all_field_names() -> list[str]:
 
 
 def _check(args: dict[str, Any], fields: dict[str, TrlField], where: str) -> None:
-    for name, value in args.items():
-        path = f"trainer.{name}"
-        if name not in fields:
-            if name in REMOVED_FIELDS:
-                raise UserError(f"unknown key '{path}': {REMOVED_FIELDS[name]}", key=path)
-            owners = [cls for cls in CONFIG_CLASSES if name in fields_of(cls)]
-            if owners:  # valid with another placement's trainer: say so, not "unknown"
-                why = MISSING_BECAUSE.get((where, name))
-                raise UserError(f"{path}={shown(value)} is not a field of {where}{f': {why}' if why else ''}; "
-                                f"remove it with ~{path}", key=path,
-                                hint=f"trainer.* takes the fields of TRL {trl_version()}'s {where}; {name} is "
-                                     f"{' and '.join(owners)}'s")
-            raise UserError(f"unknown key '{path}'{did_you_mean(name, fields, prefix='trainer.')}", key=path,
-                            hint=f"trainer.* takes the fields of TRL {trl_version()}'s {where}")
-        f = fields[name]
-        if not any(_KIND_OK[k](value) for k in f.kinds):
-            raise UserError(f"'{path}' must be {' or '.join(f.kinds)}, got {value!r} ({type(value).__name__})",
-                            key=path)
-        if f.choices and isinstance(value, str) and value not in f.choices:
-            raise UserError(f"'{path}' must be one of {', '.join(f.choices)}; got {value!r}"
-                            f"{did_you_mean(value, f.choices)}", key=path)
-        bounds, allowed, why = BOUNDS.get(name, ({}, (), ""))
-        problem = violation(value, bounds) if isinstance(value, (int, float)) and value not in allowed else None
-        if problem:
-            because = f": {why}" if why and math.isfinite(value) else ""
-            raise UserError(f"'{path}' {problem}{because}", key=path,
-                            hint=f"TRL's default is {shown(f.default)}" if f.default is not None else None)
+    """Every field of `args`, each on its own: their mistakes together."""
+    collect(*(partial(_check_field, name, value, fields, where) for name, value in args.items()))
+
+
+def _check_field(name: str, value: Any, fields: dict[str, TrlField], where: str) -> None:
+    path = f"trainer.{name}"
+    if name not in fields:
+        if name in REMOVED_FIELDS:
+            raise UserError(f"unknown key '{path}': {REMOVED_FIELDS[name]}", key=path)
+        owners = [cls for cls in CONFIG_CLASSES if name in fields_of(cls)]
+        if owners:  # valid with another placement's trainer: say so, not "unknown"
+            why = MISSING_BECAUSE.get((where, name))
+            raise UserError(f"{path}={shown(value)} is not a field of {where}{f': {why}' if why else ''}; "
+                            f"remove it with ~{path}", key=path,
+                            hint=f"trainer.* takes the fields of TRL {trl_version()}'s {where}; {name} is "
+                                 f"{' and '.join(owners)}'s")
+        raise UserError(f"unknown key '{path}'{did_you_mean(name, fields, prefix='trainer.')}", key=path,
+                        hint=f"trainer.* takes the fields of TRL {trl_version()}'s {where}")
+    f = fields[name]
+    if not any(_KIND_OK[k](value) for k in f.kinds):
+        raise UserError(f"'{path}' must be {' or '.join(f.kinds)}, got {value!r} ({type(value).__name__})",
+                        key=path)
+    if f.choices and isinstance(value, str) and value not in f.choices:
+        raise UserError(f"'{path}' must be one of {', '.join(f.choices)}; got {value!r}"
+                        f"{did_you_mean(value, f.choices)}", key=path)
+    bounds, allowed, why = BOUNDS.get(name, ({}, (), ""))
+    problem = violation(value, bounds) if isinstance(value, (int, float)) and value not in allowed else None
+    if problem:
+        because = f": {why}" if why and math.isfinite(value) else ""
+        raise UserError(f"'{path}' {problem}{because}", key=path,
+                        hint=f"TRL's default is {shown(f.default)}" if f.default is not None else None)
 
 
 def check_trainer_names(args: dict[str, Any]) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 from grpo_launch.errors import UserError
 
 VARIABLE = "GRPO_HOST_{node}"
+LOOPBACK = "127.0.0.1"      # this machine, as every process binds and reaches it
+EVERY_INTERFACE = "0.0.0.0"
 REFERENCE = re.compile(r"\$\{GRPO_HOST_(\d+)\}")
 
 
@@ -32,10 +34,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def is_reference(host: str) -> bool:
-    return REFERENCE.fullmatch(host) is not None
 
 
 def variables_in(value: Any) -> set[str]:

@@ -70,11 +70,6 @@ TRL_FALLBACKS = {
 }
 
 
-def unit(accelerator: str) -> str:
-    """What throughput is counted per: a GPU, or on a CPU run (no GPUs) one of the run's CPU processes."""
-    return "GPU" if accelerator == "cuda" else "CPU process"
-
-
 def phase_key(phase: str) -> str:
     """The record key of a phase's seconds: 'phase/generate_s'."""
     return f"phase/{phase}_s"

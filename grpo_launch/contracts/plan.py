@@ -8,23 +8,42 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from grpo_launch.contracts import hosts
+from grpo_launch.contracts.devices import Device, WeightSync, device_of
 from grpo_launch.contracts.inputs import Data, Lora
 from grpo_launch.contracts.memory import MemoryEstimate
 from grpo_launch.contracts.performance import StepPrediction
-from grpo_launch.contracts.rundir import ACCELERATE_FILE, PLAN_FILE
+from grpo_launch.contracts.rundir import PLAN_FILE
 from grpo_launch.contracts.typed import build
 
-ROLES = ("trainer", "vllm", "proxy")
-# What the trainer entrypoint runs (TrainerInputs.trainer): TRL's GRPOTrainer, or AsyncGRPOTrainer.
-TRAINERS = ("grpo", "async-grpo")
-# How trained weights reach vLLM (TrainerInputs.weight_sync): TRL's own way (NCCL to a server, a direct load into a
-# colocated engine, adapters through files), or, where that cannot work (a CPU), the weights written to the run
-# directory's WEIGHT_SYNC_DIR and reloaded by the engine.
-WEIGHT_SYNCS = ("trl", "reload")
+
+class Role(StrEnum):
+    """What a process is to the supervisor and the schedulers."""
+
+    TRAINER = "trainer"        # a launcher (accelerate or torchrun) of one node's trainer ranks
+    VLLM = "vllm"              # a vLLM server or replica
+    PROXY = "proxy"            # the routing proxy
+
+
+class Trainer(StrEnum):
+    """What the trainer entrypoint runs (TrainerInputs.trainer)."""
+
+    GRPO = "grpo"              # TRL's GRPOTrainer
+    ASYNC_GRPO = "async-grpo"  # TRL's AsyncGRPOTrainer (CUDA only)
+    ASYNC_LOOP = "async-loop"  # TRL's async pieces (rollout worker, client, adapter saving) in one process: a CPU
+
+
+class Sharding(StrEnum):
+    """How the trainer ranks share the model."""
+
+    ZERO = "zero"              # DeepSpeed ZeRO, at Plan.zero_stage
+    FSDP2 = "fsdp2"
+    DDP = "ddp"                # every rank holds the whole model
+    NONE = "none"              # one process
 
 
 @dataclass(frozen=True)
@@ -65,7 +84,7 @@ class ProcessSpec:
     """One process the supervisor starts: a launcher on one node (trainer), a vLLM server, or the proxy."""
 
     name: str
-    role: str                                  # one of ROLES
+    role: Role
     node: int
     gpus: tuple[int, ...]                      # local GPU indices; CUDA_VISIBLE_DEVICES lists them
     argv: tuple[str, ...]                      # run with the run directory as working directory
@@ -120,26 +139,63 @@ class LoraSlots:
 
 
 @dataclass(frozen=True)
+class Colocated:
+    """colocate: the engines inside the trainer ranks."""
+
+    sleep_level: int                           # 2: weights and KV cache freed while the trainer steps
+
+
+@dataclass(frozen=True)
+class ServerEndpoint:
+    """server: the one server the trainer talks to."""
+
+    url: str
+    group_port: int | None                     # the NCCL weight-sync rendezvous; None without NCCL (a CPU)
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """async-lora: the replicas behind the routing proxy, and the adapters they serve."""
+
+    lora: LoraSlots
+    proxy_url: str                             # what the trainer talks to
+    adapter_dir: str                           # where adapter versions are written
+    max_staleness: int
+    tree_attention: str | None                 # the kernel of TRL's tree attention; None where it does not run
+
+
+@dataclass(frozen=True)
 class VllmSettings:
-    """How generation runs, resolved: what the plan view shows and the memory estimate sizes."""
+    """How generation runs, resolved: what the plan view shows and the memory estimate sizes. The engine settings
+    every placement has, and one placement's own (`colocated`, `server`, `replicas`)."""
 
     enabled: bool
     engine: str                                # what generates, in words
     tensor_parallel_size: int | None = None
     data_parallel_size: int | None = None      # engines (colocated TP groups, servers or replicas)
-    sleep_level: int = 0
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None           # null: the model's context length
     max_num_seqs: int | None = None            # sequences one engine schedules at once
     max_num_batched_tokens: int | None = None  # tokens one engine forwards at once
     block_size: int | None = None              # KV-cache block, in tokens (the proxy hashes prompts in these)
-    lora: LoraSlots | None = None
-    url: str | None = None                     # server: the one server the trainer talks to
-    group_port: int | None = None              # server: the NCCL weight-sync rendezvous
-    proxy_url: str | None = None               # async-lora: the routing proxy the trainer talks to
-    adapter_dir: str | None = None             # async-lora: where adapter versions are written
-    max_staleness: int | None = None
-    tree_attention: str | None = None          # async-lora on GPUs: the kernel of TRL's tree attention
+    colocated: Colocated | None = None
+    server: ServerEndpoint | None = None
+    replicas: Replicas | None = None
+
+    @property
+    def sleep_level(self) -> int:
+        return self.colocated.sleep_level if self.colocated else 0
+
+    def items(self) -> list[tuple[str, Any]]:
+        """Every resolved setting by name (one placement's own flattened in, LoRA slots too), unset ones left out."""
+        flat = {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in ("enabled", "engine", "colocated", "server", "replicas")}
+        for part in (self.colocated, self.server, self.replicas):
+            if part is not None:
+                flat |= {k: v for k, v in dataclasses.asdict(part).items() if k != "lora"}
+        if self.replicas is not None:
+            flat |= dataclasses.asdict(self.replicas.lora)
+        return [(k, v) for k, v in flat.items() if v is not None]
 
 
 @dataclass(frozen=True)
@@ -153,14 +209,16 @@ class Reward:
 class TrainerInputs:
     """What the trainer entrypoint builds besides TRL's arguments; it reads these, never the recipe."""
 
-    trainer: str                               # one of TRAINERS
+    trainer: Trainer
     model: str                                 # hub id, local directory, or the run's built-in model directory
     data: Data
     rewards: tuple[Reward, ...]
     lora: Lora | None                          # None: train every weight
     attn_implementation: str | None
+    max_steps: int                             # TRL's: -1 trains for num_train_epochs instead
+    seed: int
     chat_prompts: bool = False                 # turn plain prompts into chat messages (TRL's async worker needs it)
-    weight_sync: str = "trl"                   # one of WEIGHT_SYNCS
+    weight_sync: WeightSync = WeightSync.TRL
     server_key_env: str | None = None          # the variable holding the key vllm_server_base_url requires (the
                                                # proxy's client key), sent by TRL's clients as HTTP Basic auth
 
@@ -230,10 +288,51 @@ class SchedulerPlan:
     node_rank: str                             # how each node learns its index, in words
     addresses: str                             # how the nodes' addresses reach the processes, in words
     groups: tuple[NodeGroup, ...]
+    cluster: str | None = None                 # skypilot: the cluster the task runs on (sky cancel, sky down)
     verbatim: tuple[VerbatimLine, ...] = ()    # what the job file runs or passes on as written
     jobs: tuple[JobSpec, ...] = ()             # machines submitted one by one, in submit order (hf-jobs)
     storage: str | None = None                 # where the machines find the run directory, in words
     price_per_hour: float | None = None        # every machine together, in USD
+
+
+@dataclass(frozen=True)
+class GenerationRounds:
+    """GRPOTrainer's generation rounds: one round generates for steps_per_generation micro-steps."""
+
+    generation_batch_size: int
+    steps_per_generation: int
+    prompts_per_generation: int
+    completions_per_optimizer_step: int
+
+
+@dataclass(frozen=True)
+class Rollouts:
+    """AsyncGRPOTrainer's stream of rollouts: rows packed to a token budget, generated ahead within a staleness."""
+
+    token_budget: int | None                   # None: the server's max_model_len; <= 0: fixed-size rows
+    max_staleness: int
+    max_inflight_tasks: int                    # < 0: TRL's automatic value
+
+
+@dataclass(frozen=True)
+class Batch:
+    """TRL's batch sizes at the plan's world size, checked at plan time; one of `rounds` and `rollouts`, by the
+    trainer."""
+
+    num_generations: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    trainer_ranks: int
+    rounds: GenerationRounds | None = None     # GRPOTrainer
+    rollouts: Rollouts | None = None           # AsyncGRPOTrainer
+
+    def items(self) -> list[tuple[str, Any]]:
+        """Every size by TRL's name, the trainer's own last."""
+        flat = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("rounds", "rollouts")}
+        for part in (self.rounds, self.rollouts):
+            if part is not None:
+                flat |= dataclasses.asdict(part)
+        return list(flat.items())
 
 
 @dataclass(frozen=True)
@@ -259,7 +358,8 @@ class Plan:
     trainer_class: str                         # TRL config class the trainer builds
     trainer_args: dict[str, Any]
     trainer_inputs: TrainerInputs
-    batch: dict[str, Any]                      # TRL's derived batch sizes, checked at plan time
+    batch: Batch
+    sharding: Sharding
     scheduler: SchedulerPlan | None = None     # who starts the processes on the machines
     warnings: tuple[str, ...] = field(default=())
     memory: MemoryEstimate | None = None       # per GPU and phase, and per node's host memory
@@ -290,12 +390,14 @@ class Plan:
         return next(p for p in self.processes if p.name == name)
 
     @property
+    def device(self) -> Device:
+        return device_of(self.accelerator)
+
+    @property
     def parallelism(self) -> str:
-        """How the trainer ranks share the model: ZeRO-N (DeepSpeed), FSDP2, DDP, or one process."""
-        if self.zero_stage:
-            return f"ZeRO-{self.zero_stage}"
-        distributed = self.files[ACCELERATE_FILE]["distributed_type"]
-        return {"FSDP": "FSDP2", "MULTI_GPU": "DDP"}.get(distributed, "1 process")
+        """How the trainer ranks share the model, in words: ZeRO-N (DeepSpeed), FSDP2, DDP, or one process."""
+        return {Sharding.ZERO: f"ZeRO-{self.zero_stage}", Sharding.FSDP2: "FSDP2", Sharding.DDP: "DDP",
+                Sharding.NONE: "1 process"}[self.sharding]
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -18,9 +18,11 @@ HF_JOBS_FILE = "hf-jobs.sh"        # scheduler=hf-jobs: the Jobs, submitted by h
 WHEELS_DIR = "dist"                # scheduler=hf-jobs: the wheel of grpo-launch a Job installs at its start
 SUBMITTED_FILE = "submitted.json"  # what `grpo run` started (its job IDs, its pid): what `grpo stop` ends
 JOB_LOG = "job.log"                # under logs/: the batch script's own output
-NODE_FAILURES = "node-{node}.failure"  # under logs/: 'CODE TIME_NS REASON' of a node whose processes failed
+NODE_FAILURES = "node-{node}.failure.json"  # under logs/: a node's first failure (contracts.failures.NodeFailure)
 PREPARE_LOCK = ".prepare.lock"    # nodes sharing a run directory take turns at the prepare steps
 WEIGHT_SYNC_DIR = "weight-sync"   # weights the trainer writes for vLLM to reload (CPU runs), rewritten every step
 TRAINER_FAILURE = "trainer-rank{rank}.failure.json"  # under logs/: a trainer rank's exception, phase and step
 WATCHDOG_LOG = "watchdog.log"      # under logs/: what the watchdog did when the supervisor died without stopping
+CHECKPOINTS_DIR = "checkpoints"   # the trainer's output_dir unless trainer.output_dir says otherwise
+FINAL_MODEL_DIR = "final"         # under the output_dir: the trained model (or adapter) once training ends
 TIMELINE_SEGMENTS = "trainer-rank{rank}.timeline.jsonl"  # under logs/: what a trainer rank did when, a line a step

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from enum import Enum
 from functools import cache
 from typing import Any
 
@@ -17,7 +18,7 @@ def _hints(tp: type) -> dict[str, Any]:
 
 def build(tp: Any, value: Any) -> Any:
     """`value` read from JSON, as type `tp`: dataclasses field by field (derived keys the JSON adds are skipped),
-    tuples from lists, optional values as given."""
+    tuples from lists, enumerations from their values, optional values as given."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None:
@@ -33,4 +34,6 @@ def build(tp: Any, value: Any) -> Any:
         return tuple(build(item, v) for v in value)
     if origin is list:
         return [build(typing.get_args(tp)[0], v) for v in value]
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return tp(value)
     return value

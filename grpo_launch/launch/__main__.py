@@ -1,7 +1,8 @@
 """`python -m grpo_launch.launch --run-dir DIR --node K`: one node's processes of a run directory, supervised.
 
 What the Slurm job (one srun task per node) and the SkyPilot task (every node's run script) start; it reads
-plan.json and never re-composes the recipe."""
+plan.json and never re-composes the recipe. `--first-failure` prints the exit code of the node that failed first
+(nothing when none did): how the Slurm job passes it on."""
 
 from __future__ import annotations
 
@@ -12,20 +13,29 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from grpo_launch.contracts.failures import node_failures
 from grpo_launch.contracts.plan import load_plan
 from grpo_launch.contracts.rundir import PLAN_FILE
 from grpo_launch.errors import EXIT_USER_ERROR, UserError
 from grpo_launch.launch.node import prepare_node, run_nodes
+from grpo_launch.launch.result import GRACE_S
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_launch.launch", description=__doc__)
     parser.add_argument("--run-dir", default=".", help="the run directory holding plan.json")
-    parser.add_argument("--node", type=int, required=True, help="this node's index in the plan")
-    parser.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--node", type=int, help="this node's index in the plan")
+    which.add_argument("--first-failure", action="store_true",
+                       help="print the exit code of the node that failed first, if any, and exit")
+    parser.add_argument("--grace", type=float, default=GRACE_S, help="seconds between SIGTERM and SIGKILL")
     args = parser.parse_args(argv)
-    console = Console(highlight=False, soft_wrap=True)
     run_dir = Path(args.run_dir).resolve()
+    if args.first_failure:
+        first = node_failures(run_dir)[:1]
+        print(*(f.code for f in first))
+        return 0
+    console = Console(highlight=False, soft_wrap=True)
     try:
         if not (run_dir / PLAN_FILE).is_file():
             raise UserError(f"{run_dir} holds no {PLAN_FILE}: not a grpo-launch run directory", key="--run-dir")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from grpo_launch.contracts.measures import unit
+from grpo_launch.contracts.failures import node_failures as recorded_failures
 from grpo_launch.contracts.plan import Plan
-from grpo_launch.contracts.rundir import JOB_LOG, LOGS_DIR, METRICS_FILE, NODE_FAILURES
+from grpo_launch.contracts.rundir import JOB_LOG, LOGS_DIR, METRICS_FILE
 from grpo_launch.launch.curves import LogTail
 from grpo_launch.launch.display import ConsoleDisplay
 from grpo_launch.launch.result import EXIT_INTERRUPTED, TAIL_LINES, Failure, RunResult
@@ -44,14 +44,12 @@ class Job(ABC):
 
 def node_failures(run_dir: Path) -> list[Failure]:
     """What each node that failed recorded (`launch.node`), the first failure first."""
-    records = []
-    for path in (run_dir / LOGS_DIR).glob(NODE_FAILURES.format(node="*")):
-        code, stamp, what = path.read_text().strip().split(" ", 2)
-        process = what.split(" ", 1)[0]
-        log = run_dir / LOGS_DIR / f"{process}.log"
+    failures = []
+    for record in recorded_failures(run_dir):
+        log = run_dir / LOGS_DIR / f"{record.process}.log"
         tail = tuple(log.read_text(errors="replace").splitlines()[-TAIL_LINES:]) if log.is_file() else ()
-        records.append((int(stamp), Failure(process, int(code), what.split(" ", 1)[-1], log, tail)))
-    return [f for _, f in sorted(records, key=lambda r: r[0])]
+        failures.append(Failure(record.process, record.code, record.reason, log, tail))
+    return failures
 
 
 class JobFollower:
@@ -62,8 +60,8 @@ class JobFollower:
         names = [JOB_LOG.removesuffix(".log")] + [p.name for p in plan.processes]
         self.tails = {name: LogTail(run_dir / LOGS_DIR / f"{name}.log") for name in names}
         self.display = ConsoleDisplay(console, names)
-        self.max_steps = plan.trainer_args.get("max_steps", -1)
-        self.per = (plan.world_size, unit(plan.accelerator))
+        self.max_steps = plan.trainer_inputs.max_steps
+        self.per = (plan.world_size, plan.device.slot)
         self.presses = 0
 
     def _on_signal(self, signum, frame) -> None:

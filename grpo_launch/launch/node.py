@@ -2,8 +2,8 @@
 
 The node's processes of plan.json, with the node addresses the environment gives (GRPO_HOST_K), torchrun's stray
 PET_* variables cleared, every port checked free, supervised by the same rules as on one machine. A node whose
-processes failed on their own records the first failure's code, time and cause in logs/node-K.failure, so a job
-spanning nodes can pass on the code of the node that failed first (not of a node it stopped).
+processes failed on their own records the first failure's code, time and cause (`contracts.failures.NodeFailure`),
+so a job spanning nodes can pass on the code of the node that failed first (not of a node it stopped).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from grpo_launch.contracts.failures import NodeFailure
 from grpo_launch.contracts.plan import Plan
-from grpo_launch.contracts.rundir import LOGS_DIR, NODE_FAILURES
 from grpo_launch.errors import UserError
 from grpo_launch.launch.preflight import check_data_files, check_keys_set, check_ports_free, check_vllm_installed
 from grpo_launch.launch.result import RunResult
@@ -57,7 +57,7 @@ def run_nodes(plan: Plan, run_dir: Path, nodes: Collection[int], *, grace_s: flo
     result = supervise(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console, verbose=verbose)
     if result.failures and not result.interrupted:
         first = result.failures[0]
+        reason = str(first).removeprefix(f"{first.process} ")
         for node in nodes:
-            path = run_dir / LOGS_DIR / NODE_FAILURES.format(node=node)
-            path.write_text(f"{result.code} {time.time_ns()} {first}\n")
+            NodeFailure(node, result.code, time.time_ns(), first.process, reason).write(run_dir)
     return result

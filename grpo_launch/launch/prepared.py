@@ -12,6 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
+from grpo_launch.contracts import userdirs
+
 MODES = ("1", "read", "0")
 
 
@@ -21,10 +23,7 @@ def mode() -> str:
 
 
 def root() -> Path:
-    explicit = os.environ.get("GRPO_MODEL_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo-launch" / "prepared"
+    return userdirs.cache_dir("prepared", "GRPO_MODEL_CACHE_DIR")
 
 
 def restore(key: str, target: Path) -> Path | None:

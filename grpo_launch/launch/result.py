@@ -11,6 +11,7 @@ from pathlib import Path
 from grpo_launch.contracts.rundir import LOGS_DIR, TRAINER_FAILURE
 
 EXIT_INTERRUPTED = 130
+GRACE_S = 15.0                   # a stop's default wait between SIGTERM and SIGKILL
 TAIL_LINES = 25                  # a failure shows this many of its process's last lines
 # torch.distributed.run (under torchrun and accelerate) exits 1 whichever way a worker failed, and prints a report:
 # "Root Cause (first observed failure):" ... "exitcode  : 7 (pid: 123)", -N for a signal.
@@ -85,7 +86,3 @@ class RunResult:
     failures: tuple[Failure, ...] = field(default=())  # in the order they happened; the first stopped the run
     interrupted: bool = False
     restarts: dict[str, int] = field(default_factory=dict)  # process -> times it was brought back
-
-    @property
-    def ok(self) -> bool:
-        return self.code == 0

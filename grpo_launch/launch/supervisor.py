@@ -40,8 +40,7 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
-from grpo_launch.contracts.measures import unit
-from grpo_launch.contracts.plan import Plan, PrepareStep, ProcessSpec
+from grpo_launch.contracts.plan import Plan, PrepareStep, ProcessSpec, Role
 from grpo_launch.contracts.rundir import LOGS_DIR, METRICS_FILE, PREPARE_LOCK, TRAINER_FAILURE, WATCHDOG_LOG
 from grpo_launch.contracts.secrets import secret_names, secret_values
 from grpo_launch.launch import prepared
@@ -49,6 +48,7 @@ from grpo_launch.launch.display import ConsoleDisplay
 from grpo_launch.launch.output import LogFile, drain
 from grpo_launch.launch.result import (
     FAILURE_REPORT,
+    GRACE_S,
     TAIL_LINES,
     Failure,
     RunResult,
@@ -237,7 +237,7 @@ async def probe(url: str, timeout_s: float, key_env: str | None = None) -> int |
 
 
 class Supervisor:
-    def __init__(self, plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = 15.0,
+    def __init__(self, plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = GRACE_S,
                  console: Console | None = None, verbose: bool = False) -> None:
         self.plan = plan
         self.run_dir = run_dir
@@ -464,7 +464,7 @@ class Supervisor:
             await self._start(child)
 
     def _trainers(self) -> list[Child]:
-        return [c for c in self.children if c.spec.role == "trainer"]
+        return [c for c in self.children if c.spec.role == Role.TRAINER]
 
     def _trainers_done(self) -> bool:
         trainers = self._trainers()
@@ -499,7 +499,7 @@ class Supervisor:
         if event.generation != child.generation or self.stopping or not child.running:
             return
         code = exit_code_of(event.returncode)
-        if child.spec.role == "trainer" and code == 0:
+        if child.spec.role == Role.TRAINER and code == 0:
             child.state = State.EXITED
             self._time_the_other_exits(child)
             return
@@ -508,7 +508,7 @@ class Supervisor:
         code = root_cause_code(child.report) or code
         if child.state is State.STARTING:
             reason = f"exited with code {event.returncode} before it was ready"
-        elif child.spec.role == "trainer":
+        elif child.spec.role == Role.TRAINER:
             reason = f"exited with code {code}"
         else:
             reason = f"stopped while the trainer runs with code {code}"
@@ -571,9 +571,9 @@ class Supervisor:
         """Run until the trainers finish (True), something fails or a stop is requested (False)."""
         if self.presses:  # stopped while preparing
             return False
-        if any(c.spec.role == "trainer" for c in self.children):
-            self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_args.get("max_steps", -1),
-                                  per=(self.plan.world_size, unit(self.plan.accelerator)))
+        if any(c.spec.role == Role.TRAINER for c in self.children):
+            self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_inputs.max_steps,
+                                  per=(self.plan.world_size, self.plan.device.slot))
         await self._advance()
         while not (self.failures or self._trainers_done()):
             event = await self.events.get()
@@ -701,7 +701,7 @@ class Supervisor:
     def _described(self, failure: Failure) -> Failure:
         """The failure with its process's last lines, and for a trainer what its first failing rank recorded."""
         child = self.by_name.get(failure.process)
-        ranks = child.spec.ranks if child is not None and child.spec.role == "trainer" else ()
+        ranks = child.spec.ranks if child is not None and child.spec.role == Role.TRAINER else ()
         return replace(failure, tail=failure.tail or self._tail(failure.process),
                                    rank_error=first_rank_error(self.run_dir, ranks) if ranks else None)
 
@@ -717,7 +717,7 @@ def _signal_leader(pid: int, sig: int) -> None:
         pass
 
 
-def supervise(plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = 15.0,
+def supervise(plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = GRACE_S,
               console: Console | None = None, verbose: bool = False) -> RunResult:
     """Run the processes of `nodes` (several only when they are all this machine) until the trainers end."""
     return asyncio.run(Supervisor(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console,

@@ -198,14 +198,23 @@ def _tiny_shape(model: Model) -> ModelShape:
     return shape
 
 
-def resolve(model: Model) -> ResolvedModel | None:
-    """The shape of the recipe's model, or None when neither the catalog nor a local config.json knows it."""
+def local_config(name_or_path: str) -> tuple[dict, str] | None:
+    """A local model directory's config.json and its path, or None: the one file planning reads besides the
+    recipes (`plan.model.resolve_model` calls it once per plan). Everything else here is pure."""
+    config_file = Path(name_or_path).expanduser() / "config.json"
+    if not config_file.is_file():
+        return None
+    return json.loads(config_file.read_text()), str(config_file)
+
+
+def resolve(model: Model, local: tuple[dict, str] | None) -> ResolvedModel | None:
+    """The shape of the recipe's model, or None when neither the catalog nor `local` (the model directory's
+    config.json and its path, `local_config`) knows it."""
     name = model.name_or_path
     if name.startswith(BUILTIN_MODEL_PREFIX):
         return ResolvedModel(_tiny_shape(model), "built-in")
-    config_file = Path(name).expanduser() / "config.json"
-    if config_file.is_file():  # the one read planning does outside the recipes: the model's own description
-        shape = shape_from_config(json.loads(config_file.read_text()))
-        return ResolvedModel(shape, str(config_file)) if shape else None
+    if local is not None:
+        shape = shape_from_config(local[0])
+        return ResolvedModel(shape, local[1]) if shape else None
     shape = CATALOG.get(name) or _BY_NAME.get(name.rstrip("/").rsplit("/", 1)[-1].lower())
     return ResolvedModel(shape, "catalog") if shape else None

@@ -15,8 +15,9 @@ from typing import Protocol
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.compose.trl_fields import effective
+from grpo_launch.contracts.devices import Device
 from grpo_launch.contracts.memory import GIB, Budget, Component, KvCache, MemoryEstimate, Phase, parameter_count
-from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.plan import Plan, Role, Sharding
 from grpo_launch.memory import catalog
 from grpo_launch.memory.catalog import ModelShape
 
@@ -25,9 +26,6 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}  # auto: th
 # allocator fragmentation. An assumption until measured on the GPU machine (docs/memory.md).
 PROCESS_OVERHEAD_GIB = 1.5
 _OVERHEAD = Component("CUDA/NCCL overhead", PROCESS_OVERHEAD_GIB, "fixed per process")
-# Host memory of one process (Python, torch, CUDA libraries, data loading). CPU runs measured 0.5 GiB peak RSS per
-# process (shared/reference/cpu-feasibility.md); CUDA processes map the CUDA libraries too (assumption).
-HOST_PROCESS_GIB = {"cuda": 3.0, "cpu": 1.0}
 # A vLLM engine on a CPU, beside its KV cache (vllm.cpu_kvcache_space_gib): measured here, `vllm serve` of the tiny
 # model (API server and engine core, VLLM_ENABLE_V1_MULTIPROCESSING=0) held 2.15 GiB of RSS.
 VLLM_CPU_ENGINE_GIB = 2.2
@@ -86,7 +84,7 @@ class _Trainer:
     logit_tokens: int       # per micro-batch, through the output head (TRL keeps only completion logits)
     generation_sequences: int  # per rank and generation round (transformers generation, vLLM off)
     gather_for_generation: bool
-    cuda: bool
+    device: Device          # its gpus: a rank's states on a GPU, else in host memory
 
     @property
     def ds_bytes(self) -> int:
@@ -122,12 +120,12 @@ def _trainer(config: Config, plan: Plan, shape: ModelShape, workloads: Workloads
         dtype_bytes=DTYPE_BYTES[config.model.dtype], half=bool(half), ranks=plan.world_size, stage=z.stage,
         offload_optimizer=z.offload_optimizer, offload_param=z.offload_param,
         overlap_comm=z.overlap_comm if z.overlap_comm is not None else z.stage == 3,  # DeepSpeed's default
-        fsdp2=plan.parallelism == "FSDP2", reference=work.reference_model,
+        fsdp2=plan.sharding == Sharding.FSDP2, reference=work.reference_model,
         checkpointing=bool(get("gradient_checkpointing")),
         eager_attention=config.model.attn_implementation == "eager",
-        sequences=plan.batch["per_device_train_batch_size"], seq_len=seq_len, tokens=work.tokens,
+        sequences=plan.batch.per_device_train_batch_size, seq_len=seq_len, tokens=work.tokens,
         logit_tokens=work.logit_tokens, generation_sequences=work.generation_sequences,
-        gather_for_generation=work.gather_for_generation, cuda=config.cluster.accelerator == "cuda")
+        gather_for_generation=work.gather_for_generation, device=plan.device)
 
 
 def _model_states(t: _Trainer) -> list[_Held]:
@@ -222,7 +220,7 @@ def _buffers(t: _Trainer) -> list[_Held]:
         held.append(_Held(Component("reference model", _gib(t.weight_bytes * t.params / (t.ranks if sharded else 1)),
                                     f"beta > 0: {t.weight_bytes} B x {parameter_count(t.params)}"
                                     + (f" / {t.ranks} ranks" if sharded else "")), on_host=t.offload_param))
-    if t.cuda:
+    if t.device.gpus:
         held.append(_Held(_OVERHEAD))
     return held
 
@@ -255,10 +253,11 @@ def _vllm_share(config: Config, plan: Plan, shape: ModelShape) -> _VllmShare:
     batched, sequences = v.max_num_batched_tokens, v.max_num_seqs
     weights = _gib(vb * shape.parameters / tp)
     parts = [Component("vLLM weights", weights, f"{vb} B x {parameter_count(shape.parameters)} / TP {tp}")]
-    if v.lora is not None:
-        lora = v.lora.max_loras * shape.lora_parameters(v.lora.max_lora_rank, config.lora.target_modules)
+    if v.replicas is not None:
+        slots = v.replicas.lora
+        lora = slots.max_loras * shape.lora_parameters(slots.max_lora_rank, config.lora.target_modules)
         parts.append(Component("vLLM LoRA slots", _gib(vb * lora / tp),
-                               f"{v.lora.max_loras} adapters of rank {v.lora.max_lora_rank}"))
+                               f"{slots.max_loras} adapters of rank {slots.max_lora_rank}"))
     # vLLM's profiled peak: one forward over max_num_batched_tokens (residual and hidden state, the qkv and MLP
     # outputs of its TP shard) and the sampler's fp32 logits of max_num_seqs sequences.
     per_token = 2 * shape.hidden + (shape.q_dim + 2 * shape.kv_dim + 3 * shape.intermediate) / tp
@@ -284,7 +283,7 @@ def _vllm_share(config: Config, plan: Plan, shape: ModelShape) -> _VllmShare:
 
 def _gpu_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer,
                  vllm: _VllmShare | None) -> tuple[Budget, ...]:
-    trainer_gpus = {(p.node, g) for p in plan.processes if p.role == "trainer" for g in p.gpus}
+    trainer_gpus = {(p.node, g) for p in plan.processes if p.role == Role.TRAINER for g in p.gpus}
     vllm_gpus = {(e.node, g) for e in plan.engines for g in e.gpus}
     members: dict[str, list[tuple[int, int]]] = {}
     for where in sorted(trainer_gpus | vllm_gpus):
@@ -311,16 +310,16 @@ def _gpu_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer,
 
 def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer,
                   vllm: _VllmShare | None) -> tuple[Budget, ...]:
-    per_process = HOST_PROCESS_GIB[config.cluster.accelerator]
+    per_process = t.device.host_process_gib
     groups: dict[tuple[str, tuple[Phase, ...]], list[tuple[int]]] = {}
     for node in range(plan.nodes):
-        ranks = sum(len(p.ranks) for p in plan.processes if p.role == "trainer" and p.node == node)
+        ranks = sum(len(p.ranks) for p in plan.processes if p.role == Role.TRAINER and p.node == node)
         vllm_gpus = sum(len(e.gpus) for e in plan.engines if e.node == node)
         # vLLM in processes of its own (servers, replicas), or inside the trainer ranks (colocated)
         vllm_processes = sum(len(e.gpus) for e in plan.engines if e.node == node and e.process is not None)
         if not ranks + vllm_processes:
             continue
-        if t.cuda:
+        if t.device.gpus:
             processes = ranks + vllm_processes
             base = (Component("processes", processes * per_process, f"{processes} x {per_process:g} GiB"),)
         else:  # a CPU's vLLM engines live in host memory, whole: the engine and its KV cache
@@ -331,7 +330,7 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
                 f"{engines} x ({VLLM_CPU_ENGINE_GIB:g} GiB + KV cache {kv} GiB)"),) if engines else ())
         if not ranks:  # a node that only serves vLLM holds none of the trainer's states
             train = []
-        elif t.cuda:
+        elif t.device.gpus:
             train = [Component(f"offloaded {h.component.name}", ranks * h.component.gib,
                                f"{ranks} ranks x {h.component.detail}") for h in holdings if h.on_host]
         else:  # CPU ranks: everything a rank holds is in host memory
@@ -354,8 +353,8 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
 def estimate(config: Config, plan: Plan, workloads: Workloads,
              resolved: catalog.ResolvedModel | None) -> MemoryEstimate:
     """The memory every GPU and node of `plan` needs, per phase; empty (with a note) for a model it cannot size.
-    `resolved` is `catalog.resolve(config.model)`, which the planner resolves once for the estimate and the
-    step-time prediction."""
+    `resolved` is the model's shape, which the planner resolves once for the estimate and the step-time prediction
+    (`plan.model`)."""
     name = config.model.name_or_path
     if resolved is None:
         return MemoryEstimate(model=name, source="", parameters=0, trainable_parameters=0, gpus=(), hosts=(),
@@ -364,7 +363,8 @@ def estimate(config: Config, plan: Plan, workloads: Workloads,
     t = _trainer(config, plan, resolved.shape, workloads)
     holdings = _model_states(t) + _activations(t) + _buffers(t)
     vllm = _vllm_share(config, plan, resolved.shape) if plan.engines else None
-    notes = () if t.cuda else ("cluster.accelerator=cpu: trainer ranks are CPU processes, counted in host memory",)
+    notes = () if t.device.gpus else (f"cluster.accelerator={t.device.name}: trainer ranks are {t.device.slot}es, "
+                                      f"counted in host memory",)
     return MemoryEstimate(model=name, source=resolved.source, parameters=t.params, trainable_parameters=t.trainable,
-                          gpus=_gpu_budgets(config, plan, holdings, t, vllm) if t.cuda else (),
+                          gpus=_gpu_budgets(config, plan, holdings, t, vllm) if t.device.gpus else (),
                           hosts=_host_budgets(config, plan, holdings, t, vllm), notes=notes)

@@ -39,12 +39,13 @@ TIE_SHARE = 0.02
 # The ranking in words, for the views that rank by it.
 RANKING = (f"predicted completions per hour per GPU held (the step-time model; within {TIE_SHARE:.0%} a tie), then "
            f"fewer changes, then more headroom")
+SLEEP_KEY = "placement.colocate.sleep_level"
 # Command-line keys that pin knobs: the advisor keeps what the user chose.
 PINS = {
     "placement": ("placement",), "placement.kind": ("placement",),
     "zero": ("stage", "offload_optimizer", "offload_param"), "zero.stage": ("stage",),
     "zero.offload_optimizer": ("offload_optimizer",), "zero.offload_param": ("offload_param",),
-    "vllm.tensor_parallel_size": ("tp",), "vllm.sleep_level": ("sleep_level",),
+    "vllm.tensor_parallel_size": ("tp",), SLEEP_KEY: ("sleep_level",),
     "vllm.gpu_memory_utilization": ("utilization",),
     "trainer.per_device_train_batch_size": ("micro_batch",), "trainer.gradient_accumulation_steps": ("micro_batch",),
 }
@@ -67,20 +68,20 @@ class Knobs:
         z = config.zero
         return cls(placement=plan.placement, stage=z.stage, offload_optimizer=z.offload_optimizer,
                    offload_param=z.offload_param, tp=config.vllm.tensor_parallel_size,
-                   sleep_level=config.vllm.sleep_level,
+                   sleep_level=config.placement.colocate.sleep_level,
                    utilization=config.vllm.gpu_memory_utilization,
-                   micro_batch=plan.batch["per_device_train_batch_size"],
-                   accumulation=plan.batch["gradient_accumulation_steps"])
+                   micro_batch=plan.batch.per_device_train_batch_size,
+                   accumulation=plan.batch.gradient_accumulation_steps)
 
     def apply(self, config: Config) -> Config:
         trainer = {**config.trainer, "per_device_train_batch_size": self.micro_batch,
                    "gradient_accumulation_steps": self.accumulation}
         return replace(
-            config, placement=replace(config.placement, kind=self.placement),
+            config, placement=replace(config.placement, kind=self.placement,
+                                      colocate=replace(config.placement.colocate, sleep_level=self.sleep_level)),
             zero=replace(config.zero, stage=self.stage, offload_optimizer=self.offload_optimizer,
                          offload_param=self.offload_param),
-            vllm=replace(config.vllm, tensor_parallel_size=self.tp, sleep_level=self.sleep_level,
-                         gpu_memory_utilization=self.utilization),
+            vllm=replace(config.vllm, tensor_parallel_size=self.tp, gpu_memory_utilization=self.utilization),
             trainer=trainer)
 
     def changes(self, base: Knobs) -> tuple[str, ...]:
@@ -90,7 +91,7 @@ class Knobs:
             out.append(f"placement={self.placement}")
         for name, key in (("stage", "zero.stage"), ("offload_optimizer", "zero.offload_optimizer"),
                           ("offload_param", "zero.offload_param"), ("tp", "vllm.tensor_parallel_size"),
-                          ("sleep_level", "vllm.sleep_level")):
+                          ("sleep_level", SLEEP_KEY)):
             if getattr(self, name) != getattr(base, name):
                 value = getattr(self, name)
                 out.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
@@ -246,8 +247,8 @@ def _search(composed: Composed, plan: Plan, pinned: set[str], limit: int) -> lis
 
 def advise(composed: Composed, plan: Plan, limit: int = 3) -> Advice:
     """The best `limit` layouts that fit, keeping the command line's choices if any layout allows it."""
-    if plan.accelerator == "cpu":
-        return Advice((), skipped="the advisor searches GPU layouts; cluster.accelerator=cpu has none")
+    if not plan.device.gpus:
+        return Advice((), skipped=f"the advisor searches GPU layouts; cluster.accelerator={plan.accelerator} has none")
     if plan.memory is None or not plan.memory.estimated:
         return Advice((), skipped="the model's size is unknown (see the memory note)")
     pinned = _pinned(composed.overrides)

@@ -9,12 +9,12 @@ from pathlib import PurePath
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.compose.trl_fields import effective
-from grpo_launch.contracts.builtins import BUILTIN_MODEL_PREFIX, HELD_OUT, MODELS, REWARDS, TASKS
+from grpo_launch.contracts.builtins import HELD_OUT, REWARDS, TASKS
+from grpo_launch.contracts.devices import Device
 from grpo_launch.contracts.hosts import is_loopback
 from grpo_launch.contracts.plan import ProcessSpec, Reward
-from grpo_launch.contracts.vllm import VLLM_CPU_HEAD_SIZES
 from grpo_launch.errors import UserError, did_you_mean
-from grpo_launch.memory.catalog import resolve
+from grpo_launch.plan.model import ModelSource
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 # RFC 1123: dot-separated labels of letters, digits and inner hyphens, 253 characters at most.
@@ -85,24 +85,12 @@ def reward_target(fn: str, key: str) -> str:
     return fn
 
 
-def builtin_model(name_or_path: str) -> str | None:
-    """The built-in model's name if `name_or_path` names one, else None; unknown built-ins are an error."""
-    if not name_or_path.startswith(BUILTIN_MODEL_PREFIX):
-        return None
-    name = name_or_path[len(BUILTIN_MODEL_PREFIX):]
-    if name not in MODELS:
-        known = [BUILTIN_MODEL_PREFIX + m for m in MODELS]
-        raise UserError(f"unknown built-in model '{name}'{did_you_mean(name, MODELS, prefix=BUILTIN_MODEL_PREFIX)}",
-                        key="model.name_or_path", hint=f"built-ins: {', '.join(known)}")
-    return name
-
-
-def check_tensor_parallel(config: Config) -> None:
+def check_tensor_parallel(config: Config, model: ModelSource) -> None:
     """vLLM splits the attention heads across its tensor-parallel ranks and refuses a size that does not divide
     them (its ModelConfig check; the KV heads are split, or replicated when fewer than the ranks). Known here from
     the model's shape, so a 7B with TP 8 fails at plan time, not when the engine starts on the GPUs."""
     tp = config.vllm.tensor_parallel_size
-    resolved = resolve(config.model) if config.vllm.enabled and tp > 1 else None
+    resolved = model.resolved if config.vllm.enabled and tp > 1 else None
     if resolved is None:
         return
     heads, kv = resolved.shape.heads, resolved.shape.kv_heads
@@ -134,10 +122,10 @@ def check_reward_files(rewards: Sequence[Reward]) -> None:
         seen[stem] = i
 
 
-def check_model_shape(config: Config) -> None:
+def check_model_shape(config: Config, model: ModelSource, device: Device) -> None:
     """The built-in tiny model's heads split its hidden size (and its KV heads its heads), as transformers needs;
-    where vLLM's CPU build serves a model, its attention takes a head size it has kernels for."""
-    tiny = builtin_model(config.model.name_or_path) is not None
+    where vLLM serves a model on a device with a few attention kernels (a CPU), its head size is one of them."""
+    tiny = model.builtin is not None
     t = config.model.tiny
     if tiny and t.hidden_size % t.num_heads:
         raise UserError(f"model.tiny.num_heads={t.num_heads} does not divide model.tiny.hidden_size={t.hidden_size}",
@@ -146,65 +134,58 @@ def check_model_shape(config: Config) -> None:
         raise UserError(f"model.tiny.num_kv_heads={t.num_kv_heads} does not divide model.tiny.num_heads="
                         f"{t.num_heads}", key="model.tiny.num_kv_heads", hint=f"KV heads that divide it: "
                                                                                f"{_divisors(t.num_heads)}")
-    resolved = resolve(config.model) if config.vllm.enabled and config.cluster.accelerator == "cpu" else None
-    if resolved is None or resolved.shape.head_dim in VLLM_CPU_HEAD_SIZES:
+    sizes = device.head_sizes
+    resolved = model.resolved if config.vllm.enabled and sizes is not None else None
+    if resolved is None or resolved.shape.head_dim in sizes:
         return
-    head = resolved.shape.head_dim
+    head, served = resolved.shape.head_dim, ", ".join(map(str, sizes))
     if tiny:
-        fits = [h for h in range(1, t.hidden_size + 1) if t.hidden_size % h == 0
-                and t.hidden_size // h in VLLM_CPU_HEAD_SIZES]
+        fits = [h for h in range(1, t.hidden_size + 1) if t.hidden_size % h == 0 and t.hidden_size // h in sizes]
         raise UserError(f"the tiny model's head size (hidden_size / num_heads = {t.hidden_size} / {t.num_heads} = "
-                        f"{head}) is one vLLM's CPU attention cannot serve", key="model.tiny.num_heads",
-                        hint=f"head sizes it serves: {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}; " +
+                        f"{head}) is one vLLM's {device.label} attention cannot serve", key="model.tiny.num_heads",
+                        hint=f"head sizes it serves: {served}; " +
                              (f"with hidden_size={t.hidden_size}: num_heads={' or '.join(map(str, fits))}" if fits
-                              else f"no num_heads gives one with hidden_size={t.hidden_size}: use a multiple of 32"))
-    raise UserError(f"{config.model.name_or_path} has a head size of {head}, which vLLM's CPU attention cannot serve",
-                    key="model.name_or_path", hint=f"head sizes it serves: "
-                                                   f"{', '.join(map(str, VLLM_CPU_HEAD_SIZES))}")
+                              else f"no num_heads gives one with hidden_size={t.hidden_size}: use a multiple of "
+                                   f"{min(sizes)}"))
+    raise UserError(f"{config.model.name_or_path} has a head size of {head}, which vLLM's {device.label} attention "
+                    f"cannot serve", key="model.name_or_path", hint=f"head sizes it serves: {served}")
 
 
 def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
-def _context(config: Config) -> tuple[int | None, int | None]:
-    """(what vLLM serves: vllm.max_model_len, else the model's context; the model's context), None where unknown."""
-    resolved = resolve(config.model)
-    model_context = resolved.shape.context if resolved else None
-    return config.vllm.max_model_len or model_context, model_context
-
-
-def prompt_room(config: Config, config_class: str) -> int | None:
-    """The tokens a prompt may take beside a whole completion in what vLLM serves; None when vLLM does not serve or
-    the context is unknown."""
-    served, _ = _context(config)
+def prompt_room(config: Config, config_class: str, model_context: int | None) -> int | None:
+    """The tokens a prompt may take beside a whole completion in what vLLM serves (vllm.max_model_len, else the
+    model's context); None when vLLM does not serve or the context is unknown."""
+    served = config.vllm.max_model_len or model_context
     completion = effective(config.trainer, config_class, "max_completion_length")
     if not config.vllm.enabled or served is None or completion is None:
         return None
     return served - completion
 
 
-def check_context(config: Config, config_class: str) -> None:
+def check_context(config: Config, config_class: str, model: ModelSource) -> None:
     """What vLLM serves, `vllm.max_model_len` or else the model's context, holds a prompt and a whole completion;
     vLLM refuses a `max_model_len` beyond the model's context."""
     if not config.vllm.enabled:
         return
-    served, model_context = _context(config)
     asked = config.vllm.max_model_len
-    if asked is not None and model_context is not None and asked > model_context:
-        what = "model.tiny.max_position_embeddings" if builtin_model(config.model.name_or_path) else \
-            f"{config.model.name_or_path}'s context"
-        raise UserError(f"vllm.max_model_len={asked} is beyond {what} of {model_context} tokens: vLLM refuses it",
-                        key="vllm.max_model_len", hint=f"set it to at most {model_context}, or null for the model's")
-    room = prompt_room(config, config_class)
+    if asked is not None and model.context is not None and asked > model.context:
+        raise UserError(f"vllm.max_model_len={asked} is beyond {model.context_key} of {model.context} tokens: vLLM "
+                        f"refuses it", key="vllm.max_model_len",
+                        hint=f"set it to at most {model.context}, or null for the model's")
+    room = prompt_room(config, config_class, model.context)
     if room is None or room > 0:
         return
     completion = effective(config.trainer, config_class, "max_completion_length")
-    where = f"vllm.max_model_len={asked}" if asked else f"the model's context of {served} tokens"
+    where = f"vllm.max_model_len={asked}" if asked else f"the model's context of {model.context} tokens"
     raise UserError(f"trainer.max_completion_length={completion} leaves no room for a prompt in {where}",
                     key="vllm.max_model_len" if asked else "trainer.max_completion_length",
                     hint=f"raise vllm.max_model_len above {completion} + the longest prompt, or lower "
                          f"trainer.max_completion_length")
+
+
 # A recipe's name is written into the job files (Slurm's --job-name, SkyPilot's task and cluster name) and the run
 # directory's path; option files may be named anything, so the name is checked here.
 RECIPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

@@ -7,8 +7,14 @@ from typing import Any
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts import hosts
+from grpo_launch.contracts.devices import Device
+from grpo_launch.contracts.plan import Sharding
 from grpo_launch.contracts.rundir import ACCELERATE_FILE, DEEPSPEED_FILE
 from grpo_launch.errors import UserError
+
+# accelerate's distributed_type for each way the trainer ranks share the model.
+DISTRIBUTED_TYPES = {Sharding.ZERO: "DEEPSPEED", Sharding.FSDP2: "FSDP", Sharding.DDP: "MULTI_GPU",
+                     Sharding.NONE: "NO"}
 
 
 def check_zero(config: Config) -> None:
@@ -21,19 +27,27 @@ def check_zero(config: Config) -> None:
                         hint="choose zero=3-offload, or set zero.offload_optimizer=false")
 
 
-def deepspeed_config(config: Config) -> dict[str, Any]:
+def sharding(config: Config, *, fsdp2: bool, processes: int) -> Sharding:
+    """How the trainer ranks share the model: the ZeRO stage, else FSDP2 where the placement's trainer takes it,
+    else plain data parallel, or one process."""
+    if config.zero.stage:
+        return Sharding.ZERO
+    if fsdp2:
+        return Sharding.FSDP2
+    return Sharding.DDP if processes > 1 else Sharding.NONE
+
+
+def deepspeed_config(config: Config, device: Device) -> dict[str, Any]:
     """DeepSpeed's JSON, "auto" where transformers fills the value from the TRL arguments."""
     z = config.zero
-    pin = config.cluster.accelerator == "cuda"  # pinned host memory needs a CUDA device
+    pin = device.pin_memory
     zero: dict[str, Any] = {"stage": z.stage}
     if z.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
     if z.offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
-    if z.contiguous_gradients is not None:
-        zero["contiguous_gradients"] = z.contiguous_gradients
-    if z.overlap_comm is not None:
-        zero["overlap_comm"] = z.overlap_comm
+    zero |= {k: v for k, v in (("contiguous_gradients", z.contiguous_gradients), ("overlap_comm", z.overlap_comm))
+             if v is not None}
     if z.stage == 3:
         zero.update({"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
                      "stage3_param_persistence_threshold": "auto",
@@ -50,7 +64,8 @@ def deepspeed_config(config: Config) -> dict[str, Any]:
     }
 
 
-def accelerate_config(config: Config, *, machines: int, processes: int, main_ip: str, fsdp2: bool) -> dict[str, Any]:
+def accelerate_config(config: Config, device: Device, *, machines: int, processes: int, main_ip: str,
+                      shared: Sharding) -> dict[str, Any]:
     """accelerate's config file. Per-node launches add --machine_rank and --main_process_ip; an address known only
     where the job runs (`${GRPO_HOST_K}`) stays out of the file written (`document_text`)."""
     doc: dict[str, Any] = {
@@ -68,8 +83,8 @@ def accelerate_config(config: Config, *, machines: int, processes: int, main_ip:
         # through torch.distributed.run, which starts them all and falls back to gloo.
         "use_cpu": False,
     }
-    if config.zero.stage > 0:
-        doc["distributed_type"] = "DEEPSPEED"
+    if shared == Sharding.ZERO:
+        doc["distributed_type"] = DISTRIBUTED_TYPES[shared]
         doc["deepspeed_config"] = {"deepspeed_config_file": DEEPSPEED_FILE,
                                    "zero3_init_flag": config.zero.stage == 3}
         if machines > 1:
@@ -78,10 +93,9 @@ def accelerate_config(config: Config, *, machines: int, processes: int, main_ip:
             # `standard` starts torch.distributed.run on each node, like the other distributed types.
             doc["deepspeed_config"]["deepspeed_multinode_launcher"] = "standard"
         return doc  # precision comes from deepspeed.json ("auto": the TRL arguments' bf16/fp16)
-    doc["mixed_precision"] = "bf16" if config.cluster.accelerator == "cuda" and config.model.dtype == "bfloat16" \
-        else "no"
-    if fsdp2:
-        doc["distributed_type"] = "FSDP"
+    doc["mixed_precision"] = device.mixed_precision(config.model.dtype)
+    doc["distributed_type"] = DISTRIBUTED_TYPES[shared]
+    if shared == Sharding.FSDP2:
         doc["fsdp_config"] = {
             "fsdp_version": 2,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
@@ -92,8 +106,6 @@ def accelerate_config(config: Config, *, machines: int, processes: int, main_ip:
             # (huggingface/accelerate#4206); sharded checkpoints resume correctly.
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         }
-    else:
-        doc["distributed_type"] = "MULTI_GPU" if processes > 1 else "NO"
     return doc
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-from grpo_launch.contracts.plan import PrepareStep, ProcessSpec
+from grpo_launch.contracts.plan import PrepareStep, ProcessSpec, Role
 from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.plan.schedulers.base import node_list
 
@@ -86,7 +86,7 @@ def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], p
     for step in prepare:
         lines.append(f"# {step.name}: run once, before any process")
         lines.append(f"[ -e {shell_word(step.creates)} ] || {shell_line(step.argv)}")
-    trainer_nodes = sorted({p.node for p in processes if p.role == "trainer"})
+    trainer_nodes = sorted({p.node for p in processes if p.role == Role.TRAINER})
     for p in processes:
         lines.append(f"# {p.name}: {p.role} on node {p.node}")
         for dep in p.depends_on:
@@ -97,7 +97,7 @@ def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], p
         if p.start_delay_s:
             lines.append(f"  sleep {p.start_delay_s:g}")
         lines.append(f"  setsid {'env ' if p.env else ''}{command_line(p)} > logs/{p.name}.log 2>&1 &")
-        lines.append('  trainer_pid=$!; pids+=("$trainer_pid")' if p.role == "trainer" else '  pids+=("$!")')
+        lines.append('  trainer_pid=$!; pids+=("$trainer_pid")' if p.role == Role.TRAINER else '  pids+=("$!")')
         lines.append("fi")
     lines.append("# A trainer node ends with its trainer (and passes on its exit code); other nodes serve until "
                  "stopped.")

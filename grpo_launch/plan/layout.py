@@ -51,10 +51,12 @@ def shared_layout(config: Config) -> Layout:
     return Layout(tuple(range(nodes)), tuple(range(c.gpus_per_node)), ())
 
 
-def dedicated_layout(config: Config, engines: int, gpus_per_engine: int, apart: int | None = None) -> Layout:
-    """`engines` vLLM engines of `gpus_per_engine` GPUs each on their own GPUs; the trainer on the rest. `apart`:
-    each engine on a machine of its own (GPUs from 0), the trainer nodes first with `apart` GPUs each (a scheduler
-    whose machines are sized to what they run: one Hugging Face Job each)."""
+def dedicated_layout(config: Config, engines: int, gpus_per_engine: int, engines_key: str | None = None,
+                     apart: int | None = None) -> Layout:
+    """`engines` vLLM engines of `gpus_per_engine` GPUs each on their own GPUs; the trainer on the rest.
+    `engines_key`: the recipe key that sets how many engines (None: one, always). `apart`: each engine on a machine of
+    its own (GPUs from 0), the trainer nodes first with `apart` GPUs each (a scheduler whose machines are sized to
+    what they run: one Hugging Face Job each)."""
     c = config.cluster
     if apart is not None:
         trainer_nodes = c.nodes - engines
@@ -79,10 +81,11 @@ def dedicated_layout(config: Config, engines: int, gpus_per_engine: int, apart: 
             break
     if len(engine_gpus) < engines:
         per_node = c.gpus_per_node // gpus_per_engine
+        fewer = f"lower {engines_key} or vllm.tensor_parallel_size" if engines_key else \
+            "lower vllm.tensor_parallel_size"
         raise UserError(f"{engines} vLLM engine(s) of {gpus_per_engine} GPU(s) do not fit: the cluster holds "
-                        f"{per_node * c.nodes} ({per_node} per node)", key="vllm.data_parallel_size",
-                        hint="add nodes (cluster.nodes), or lower vllm.data_parallel_size or "
-                             "vllm.tensor_parallel_size")
+                        f"{per_node * c.nodes} ({per_node} per node)", key=engines_key or "vllm.tensor_parallel_size",
+                        hint=f"add nodes (cluster.nodes), or {fewer}")
     engine_gpus.sort()  # engine 0 on the lowest node and GPUs
 
     whole = [n for n in range(c.nodes) if len(free[n]) == c.gpus_per_node]

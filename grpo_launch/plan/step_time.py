@@ -16,7 +16,7 @@ from grpo_launch.compose.schema import Config
 from grpo_launch.compose.trl_fields import effective
 from grpo_launch.contracts.accelerators import Accelerator, accelerator, known_types
 from grpo_launch.contracts.performance import PhaseTime, StepPrediction
-from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.plan import Plan, Role
 from grpo_launch.memory import catalog
 from grpo_launch.memory.catalog import ModelShape
 from grpo_launch.memory.estimate import DTYPE_BYTES
@@ -146,7 +146,7 @@ class StepModel:
     # ---- training ----
     @property
     def trainer_nodes(self) -> int:
-        return len({p.node for p in self.plan.processes if p.role == "trainer"}) or 1
+        return len({p.node for p in self.plan.processes if p.role == Role.TRAINER}) or 1
 
     def _trainer_link(self) -> float:
         """Bytes/s per GPU of the trainer ranks' collectives: a ring across nodes runs at the network's rate."""
@@ -239,12 +239,12 @@ class StepModel:
         v, lengths = self.plan.vllm, self.lengths
         engines = len(self.plan.engines)
         tp = v.tensor_parallel_size or 1
-        sequences = self.plan.batch["generation_batch_size"] / engines
+        sequences = self.plan.batch.rounds.generation_batch_size / engines
         running = self._concurrency(sequences)
         longest = lengths.longest(sequences)
         tail = longest * self.decode_step_s(tp, min(sequences, running) * lengths.mean_completion / longest)
         throughput = sequences * lengths.mean_completion * self.decode_step_s(tp, running) / running
-        prompts = sequences / self.plan.batch["num_generations"]
+        prompts = sequences / self.plan.batch.num_generations
         seconds = (max(tail, throughput) + self._prefill_s(prompts, tp)) * self.batch.generation_rounds
         how = (f"{sequences:g} completions per engine ({engines} engine(s) of TP {tp}), {running:g} at once, decoding "
                f"{longest:.0f} steps")
@@ -258,7 +258,7 @@ class StepModel:
         tp = v.tensor_parallel_size or 1
         running = self._concurrency(in_flight / replicas)
         rate = replicas * running / self.decode_step_s(tp, running)  # tokens/s
-        prompts = samples / self.plan.batch["num_generations"]
+        prompts = samples / self.plan.batch.num_generations
         seconds = samples * lengths.mean_completion / rate + self._prefill_s(prompts, tp) / replicas
         return seconds, f"{replicas} replica(s) of TP {tp}, {running:g} requests each, {rate:,.0f} tokens/s"
 
@@ -310,7 +310,7 @@ class StepRules(Batches, Protocol):
 
 def _no_prediction(config: Config, plan: Plan, model: catalog.ResolvedModel | None) -> str | None:
     c = config.cluster
-    if c.accelerator == "cpu":
+    if not plan.device.gpus:
         return ("no step-time prediction for CPUs: a CPU's throughput depends on its cores, vector units and clock, "
                 "which a recipe does not state")
     if accelerator(c.gpu_type) is None:
@@ -326,9 +326,9 @@ def predict(config: Config, plan: Plan, placement: StepRules, model: catalog.Res
     a prediction with a note and no numbers when the tables cannot say (a CPU, an unknown GPU type or model), and
     the training phase alone when generation runs in transformers, which the model does not cover."""
     c = config.cluster
-    held = c.nodes * c.gpus_per_node if c.accelerator == "cuda" else 0
+    held = c.nodes * c.gpus_per_node if plan.device.gpus else 0
     in_use = len({(p.node, g) for p in plan.processes for g in p.gpus})
-    max_steps = effective(plan.trainer_args, plan.trainer_class, "max_steps")
+    max_steps = plan.trainer_inputs.max_steps
     common = {"gpus_held": held, "gpus_in_use": in_use, "max_steps": max_steps if max_steps > 0 else None,
               "gpu_hour_price": c.gpu_hour_price}
     why_not = _no_prediction(config, plan, model)

@@ -9,13 +9,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.builtins import REWARDS
-from grpo_launch.contracts.plan import Reward, TrainerInputs
+from grpo_launch.contracts.plan import Reward, Sharding, TrainerInputs
+from grpo_launch.contracts.rundir import CHECKPOINTS_DIR
 from grpo_launch.errors import UserError
 from grpo_launch.plan.checks import check_reward_files, reward_target
+from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.placements.base import Placement
-from grpo_launch.plan.processes import model_path
 
 MANAGED = {
     "seed": "seed",
@@ -23,12 +25,12 @@ MANAGED = {
     "vllm_mode": "placement",
     "vllm_tensor_parallel_size": "vllm.tensor_parallel_size",
     "vllm_gpu_memory_utilization": "vllm.gpu_memory_utilization",
-    "vllm_enable_sleep_mode": "vllm.sleep_level",
+    "vllm_enable_sleep_mode": "placement.colocate.sleep_level",
     "vllm_max_model_length": "vllm.max_model_len",
     "vllm_server_base_url": "placement (the plan points the trainer at its server or proxy)",
     "vllm_server_host": "placement (the plan points the trainer at its server or proxy)",
     "vllm_server_port": "vllm.port",
-    "vllm_group_port": "vllm.group_port",
+    "vllm_group_port": "placement.server.group_port",
     "deepspeed": "zero (the plan writes deepspeed.json)",
     "fsdp": "placement (async-lora writes an FSDP2 accelerate config)",
     "fsdp_config": "placement (async-lora writes an FSDP2 accelerate config)",
@@ -47,23 +49,31 @@ def check_unmanaged(trainer: dict[str, Any]) -> None:
                             hint=f"remove trainer.{name} and set {MANAGED[name].split(' ')[0]} instead")
 
 
-def build_trainer_args(config: Config, placement: Placement, placement_args: dict[str, Any], *,
-                       ddp: bool) -> dict[str, Any]:
-    """`ddp`: the trainer ranks share the model through torch's DistributedDataParallel."""
-    check_unmanaged(config.trainer)
-    args: dict[str, Any] = {"output_dir": "checkpoints"}
-    if config.cluster.accelerator == "cpu":
-        args.update(use_cpu=True, bf16=False)  # TRL defaults to bf16; CPU runs use float32
-    if ddp:
+def output_dir(config: Config) -> str:
+    """Where the trainer writes checkpoints (TRL's output_dir): trainer.output_dir, else the run directory's own
+    checkpoints/ (relative: the trainer runs in the run directory)."""
+    return str(config.trainer.get("output_dir", CHECKPOINTS_DIR))
+
+
+def check_evaluation(config: Config, placement: Placement) -> None:
+    """data.eval where the placement's trainer can evaluate it."""
+    if config.data.eval is not None and placement.no_evaluation:
+        raise UserError(f"data.eval is set, and placement {placement.name} cannot evaluate: TRL "
+                        f"{trl_fields.trl_version()}'s {placement.no_evaluation}", key="data.eval",
+                        hint="drop data.eval, or evaluate the saved adapter apart from the run")
+
+
+def build_trainer_args(ctx: Context, placement: Placement, placement_args: dict[str, Any],
+                       shared: Sharding) -> dict[str, Any]:
+    """`shared`: how the trainer ranks share the model."""
+    config = ctx.config
+    args: dict[str, Any] = {"output_dir": CHECKPOINTS_DIR, **ctx.device.trainer_args}
+    if shared == Sharding.DDP:
         # transformers asks DDP to look for unused parameters unless gradients are checkpointed: an extra walk of
         # the graph every step, and a warning from every rank. A causal LM's forward uses every trainable parameter
         # (a LoRA's adapters too); a model that leaves some unused sets trainer.ddp_find_unused_parameters=true.
         args["ddp_find_unused_parameters"] = False
-    if config.data.eval is not None:
-        if placement.no_evaluation:
-            raise UserError(f"data.eval is set, and placement {placement.name} cannot evaluate: "
-                            f"{placement.no_evaluation}", key="data.eval",
-                            hint="drop data.eval, or evaluate the saved adapter apart from the run")
+    if config.data.eval is not None:  # check_evaluation refused it where the placement cannot evaluate
         args["eval_strategy"] = "steps"  # every eval_steps (TRL: logging_steps unless set); the trainer adds the end
     args.update(config.trainer)
     args.update(placement.model_args(config))
@@ -74,17 +84,24 @@ def build_trainer_args(config: Config, placement: Placement, placement_args: dic
     return args
 
 
-def build_trainer_inputs(config: Config, placement: Placement, weight_sync: str,
-                         server_key_env: str | None = None) -> TrainerInputs:
-    """What the trainer entrypoint builds besides the TRL arguments (it reads plan.json, never the recipe)."""
+def check_rewards(config: Config) -> tuple[Reward, ...]:
     if not config.rewards:
         raise UserError("the recipe has no reward function", key="rewards",
                         hint="add one, e.g. rewards=[{fn:accuracy}] (built-ins: " + ", ".join(REWARDS) + ")")
     rewards = tuple(Reward(fn=r.fn, target=reward_target(r.fn, f"rewards[{i}].fn"), weight=r.weight)
                     for i, r in enumerate(config.rewards))
     check_reward_files(rewards)
-    return TrainerInputs(trainer=placement.trainer, model=model_path(config), data=dataclasses.replace(config.data),
-                         rewards=rewards, lora=dataclasses.replace(config.lora) if config.lora.enabled else None,
+    return rewards
+
+
+def build_trainer_inputs(ctx: Context, placement: Placement, result: PlacementResult, args: dict[str, Any],
+                         rewards: tuple[Reward, ...]) -> TrainerInputs:
+    """What the trainer entrypoint builds besides the TRL arguments (it reads plan.json, never the recipe)."""
+    config = ctx.config
+    return TrainerInputs(trainer=placement.trainer_on(ctx.device), model=ctx.model.path,
+                         data=dataclasses.replace(config.data), rewards=rewards,
+                         lora=dataclasses.replace(config.lora) if config.lora.enabled else None,
                          attn_implementation=config.model.attn_implementation,
-                         chat_prompts=placement.chat_prompts, weight_sync=weight_sync,
-                         server_key_env=server_key_env)
+                         max_steps=trl_fields.effective(args, placement.trainer_class, "max_steps"),
+                         seed=config.seed, chat_prompts=placement.chat_prompts, weight_sync=result.weight_sync,
+                         server_key_env=result.server_key_env)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_launch.compose.trl_fields import effective
+from grpo_launch.contracts.plan import Batch, GenerationRounds
 from grpo_launch.errors import UserError
 
 TRUNCATE_MODES = ("token_truncate", "sequence_truncate")
@@ -58,15 +59,22 @@ def _grpo_config_rules(args: dict[str, Any], world: int, config_class: str) -> N
                         hint="set trainer.vllm_importance_sampling_clip_max (or clip_min)")
 
 
-def grpo_batch(args: dict[str, Any], world: int, config_class: str) -> dict[str, Any]:
+MIN_GENERATIONS = 2  # GRPO compares the completions of a prompt's group
+
+
+def check_num_generations(groups: int) -> int:
+    if groups < MIN_GENERATIONS:
+        raise UserError(f"trainer.num_generations={groups}: GRPO compares completions within a group, it needs >= "
+                        f"{MIN_GENERATIONS}", key="trainer.num_generations",
+                        hint=f"set trainer.num_generations=8 (TRL's default) or any value >= {MIN_GENERATIONS}")
+    return groups
+
+
+def grpo_batch(args: dict[str, Any], world: int, config_class: str) -> Batch:
     """GRPOConfig's rules with this plan's world size; returns the derived batch sizes."""
     _grpo_config_rules(args, world, config_class)
     get = lambda name: effective(args, config_class, name)  # noqa: E731
-    groups = get("num_generations")
-    if groups < 2:
-        raise UserError(f"trainer.num_generations={groups}: GRPO compares completions within a group, it needs >= 2",
-                        key="trainer.num_generations", hint="set trainer.num_generations=8 (TRL's default) or "
-                                                            "any value >= 2")
+    groups = check_num_generations(get("num_generations"))
     per_device = get("per_device_train_batch_size")
     accumulation = get("gradient_accumulation_steps")
     global_batch = per_device * world
@@ -92,8 +100,8 @@ def grpo_batch(args: dict[str, Any], world: int, config_class: str) -> dict[str,
                         f"trainer.num_generations={groups}, so that every prompt's group is whole",
                         key="trainer.per_device_train_batch_size",
                         hint=f"set trainer.per_device_train_batch_size={good}, or change trainer.num_generations")
-    return {"num_generations": groups, "per_device_train_batch_size": per_device,
-            "gradient_accumulation_steps": accumulation, "trainer_ranks": world,
-            "generation_batch_size": gen_batch, "steps_per_generation": steps,
-            "prompts_per_generation": gen_batch // groups,
-            "completions_per_optimizer_step": global_batch * accumulation}
+    return Batch(num_generations=groups, per_device_train_batch_size=per_device,
+                 gradient_accumulation_steps=accumulation, trainer_ranks=world,
+                 rounds=GenerationRounds(generation_batch_size=gen_batch, steps_per_generation=steps,
+                                         prompts_per_generation=gen_batch // groups,
+                                         completions_per_optimizer_step=global_batch * accumulation))

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from grpo_launch.contracts.hosts import LOOPBACK
 from grpo_launch.contracts.knobs import knob, violation
-from grpo_launch.contracts.proxy import ProxyKnobs, unguarded_exposure
+from grpo_launch.contracts.proxy import DEFAULT_PROXY_PORT, ProxyKnobs, flag, unguarded_exposure
 from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE
 from grpo_launch.errors import UserError
 
@@ -19,7 +20,7 @@ class ProxyConfig(ProxyKnobs):
     flags take their defaults and help from these declarations."""
 
     replicas: tuple[str, ...]                   # base URLs, e.g. http://127.0.0.1:8000
-    port: int = knob(8080, "Port to listen on; 0 takes any free port.", ge=0, le=65535)
+    port: int = knob(DEFAULT_PROXY_PORT, "Port to listen on; 0 takes any free port.", ge=0, le=65535)
     block_size: int = knob(DEFAULT_BLOCK_SIZE, "Prefix block in tokens; must equal the replicas' --block-size.",
                            ge=1)
     lora_retry_s: float = knob(2.0, "Seconds between adapter load attempts on a replica that cannot see the "
@@ -37,7 +38,7 @@ class ProxyConfig(ProxyKnobs):
     def __post_init__(self) -> None:
         if not self.replicas:
             raise UserError("the proxy needs at least one replica", key="--replica",
-                            hint="pass --replica http://127.0.0.1:8000 once per vLLM server")
+                            hint=f"pass --replica http://{LOOPBACK}:8000 once per vLLM server")
         for url in self.replicas:
             check_replica_url(url)
         if len(set(self.replicas)) != len(self.replicas):
@@ -45,20 +46,19 @@ class ProxyConfig(ProxyKnobs):
         for f in dataclasses.fields(self):
             problem = violation(getattr(self, f.name), f.metadata) if "doc" in f.metadata else None
             if problem:
-                flag = f"--{f.name.replace('_', '-')}"
-                raise UserError(f"{flag} {problem}", key=flag)
+                raise UserError(f"{flag(f.name)} {problem}", key=flag(f.name))
         if self.tokenizer:
             check_tokenizer(self.tokenizer)
         if problem := unguarded_exposure(self.host, keyed=bool(self.client_api_key)):
             raise UserError(f"--host {self.host}: {problem}", key="--host",
-                            hint="add --api-key-env NAME (NAME holding the key every client must send), or keep "
-                                 "--host 127.0.0.1")
+                            hint=f"add --api-key-env NAME (NAME holding the key every client must send), or keep "
+                                 f"--host {LOOPBACK}")
 
 
 def check_replica_url(url: str) -> None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
-        raise UserError(f"replica '{url}' is not a base URL like http://127.0.0.1:8000", key="--replica")
+        raise UserError(f"replica '{url}' is not a base URL like http://{LOOPBACK}:8000", key="--replica")
     try:
         parts.port  # noqa: B018 (raises on a malformed port)
     except ValueError as e:

@@ -74,7 +74,7 @@ def diagnose(report: Report) -> list[Finding]:
                                              f"requests in flight keep the replicas busy (the async post raised "
                                              f"it to 384)", "trainer.max_inflight_tasks", inflight),
                     Finding("async starved", "once the replicas are busy, more replicas generate more",
-                            "vllm.data_parallel_size", report.run.plan.vllm.data_parallel_size)]
+                            "placement.async_lora.replicas", report.run.plan.vllm.data_parallel_size)]
         return [Finding("trainer-bound", f"the trainer worked {_percent(worked)} of the step and waited for "
                                          f"rollouts {_percent(waited)}: generation keeps up, training is the "
                                          f"bottleneck")] + _trainer_knobs(report)
@@ -103,7 +103,8 @@ def diagnose(report: Report) -> list[Finding]:
     if worst == "sync":
         return [Finding("sync-bound", f"moving weights into vLLM took {part} of the step"
                         + (" (sleep level 2 wakes vLLM and reloads its weights every step)"
-                           if plan.vllm.sleep_level else ""), "vllm.sleep_level", plan.vllm.sleep_level)]
+                           if plan.vllm.sleep_level else ""),
+                        "placement.colocate.sleep_level", plan.vllm.sleep_level)]
     if worst == "score":
         return [Finding("scoring-bound", f"rewards and log-probabilities took {part} of the step: a slow reward "
                                          "function, or the reference model's log-probabilities (beta > 0)",

@@ -46,8 +46,8 @@ class RunData:
 
     @property
     def max_steps(self) -> int | None:
-        steps = self.plan.trainer_args.get("max_steps", -1)
-        return steps if steps and steps > 0 else None
+        steps = self.plan.trainer_inputs.max_steps
+        return steps if steps > 0 else None
 
     @property
     def steps(self) -> int:
@@ -67,7 +67,7 @@ class RunData:
 
     @property
     def seed(self) -> int:
-        return self.plan.trainer_args["seed"]
+        return self.plan.trainer_inputs.seed
 
 
 def complete_records(path: Path) -> list[dict[str, Any]]:

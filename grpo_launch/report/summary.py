@@ -43,7 +43,7 @@ class Units:
 def units_of(run: RunData) -> Units:
     plan = run.plan
     used = sum(1 for node in plan.gpu_map for cell in node if cell != "idle")
-    return Units(m.unit(plan.accelerator), plan.world_size, used, plan.nodes * plan.gpus_per_node)
+    return Units(plan.device.slot, plan.world_size, used, plan.nodes * plan.gpus_per_node)
 
 
 def _sum(records: list[dict[str, Any]], key: str) -> float:
@@ -149,7 +149,7 @@ def summarize(run: RunData) -> Report:
     steady_s = _sum(settled, m.STEP_S)
     ended = max([r["time"] for r in run.training + run.measures], default=None)
     phase_s = {p: _sum(settled, m.phase_key(p)) for p in m.PHASES}
-    row = accelerator(run.plan.gpu_type) if run.plan.accelerator == "cuda" else None
+    row = accelerator(run.plan.gpu_type) if run.plan.device.gpus else None
     peak = row.peak_bf16_tflops if row else None
     flops = _sum(settled, m.TRAIN_FLOPS)
     mfu = mfu_wall = None
@@ -231,7 +231,7 @@ def rows(report: Report) -> list[Row]:
     for phase in m.PHASES:
         if report.phase_s[phase]:
             out.append(Row(f"phase/{phase}", f"    {phase}", f"{100 * share[phase]:.1f}%"))
-    mfu = "n/a (a CPU)" if run.plan.accelerator != "cuda" else \
+    mfu = "n/a (a CPU)" if not run.plan.device.gpus else \
         "n/a (unknown GPU type)" if report.peak_tflops is None else \
         f"{report.mfu:.1f}%" if report.mfu is not None else "-"
     out.append(Row("mfu", "  MFU (train phase)", mfu))

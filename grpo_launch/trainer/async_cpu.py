@@ -1,6 +1,6 @@
 """async-lora on a CPU-only machine, for smoke tests: the trainer's loop made of TRL's own async pieces.
 
-TRL 1.16's AsyncGRPOTrainer cannot be constructed without CUDA (it sizes MFU from the GPU and packs rows for a
+TRL's AsyncGRPOTrainer cannot be constructed without CUDA (it sizes MFU from the GPU and packs rows for a
 FlashAttention kernel). On such a machine the trainer entrypoint runs this loop instead, which keeps everything that
 crosses a process boundary real and TRL's own:
 - TRL's AsyncRolloutWorker, a spawned child that generates through the routing proxy with the newest adapter
@@ -23,6 +23,7 @@ from typing import Any
 
 from grpo_launch.contracts import measures as m
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.rundir import FINAL_MODEL_DIR
 from grpo_launch.contracts.vllm import ADAPTER_NAME, ADAPTER_SUBDIR, adapter_version_name
 from grpo_launch.trainer.measure import StepMeter, flops_per_token, step_record, timeline_file
 from grpo_launch.trainer.progress import PROGRESS
@@ -155,5 +156,5 @@ def train_on_cpu(plan: Plan, dataset, reward_funcs, peft_config, metrics_path: P
         worker.check_health(stale_after_s=args.heartbeat_stale_after_s)
     finally:
         worker.stop()
-    policy.save_pretrained(Path(args.output_dir) / "final")
+    policy.save_pretrained(Path(args.output_dir) / FINAL_MODEL_DIR)
     print(f"[grpo-launch] training finished at step {args.max_steps}", flush=True)

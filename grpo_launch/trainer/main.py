@@ -18,15 +18,14 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from grpo_launch.contracts.inputs import Lora
-from grpo_launch.contracts.plan import Plan, load_plan
-from grpo_launch.contracts.rundir import METRICS_FILE, PLAN_FILE, REWARDS_DIR
+from grpo_launch.contracts.plan import Plan, Trainer, load_plan
+from grpo_launch.contracts.rundir import FINAL_MODEL_DIR, METRICS_FILE, PLAN_FILE, REWARDS_DIR
 from grpo_launch.contracts.secrets import secret_names, secret_values
 from grpo_launch.trainer.data import import_target, load_training_dataset
 from grpo_launch.trainer.measure import StepMeter, instrument, measure_callback
 from grpo_launch.trainer.progress import PROGRESS, step_callback, write_failure
 from grpo_launch.trainer.vllm_sync import reloads
 
-FINAL_DIR = "final"
 TRAINER_STATE = "trainer_state.json"  # transformers' name, written last into each checkpoint
 
 
@@ -88,7 +87,7 @@ def _common(plan: Plan, dataset, rewards, meter: StepMeter) -> dict:
     inputs = plan.trainer_inputs
     held_out = None
     if inputs.data.eval is not None:
-        held_out = load_training_dataset(inputs.data, plan.trainer_args["seed"], chat=inputs.chat_prompts,
+        held_out = load_training_dataset(inputs.data, inputs.seed, chat=inputs.chat_prompts,
                                          held_out=True)
     return dict(model=inputs.model, reward_funcs=rewards, train_dataset=dataset, eval_dataset=held_out,
                 peft_config=peft_config(inputs.lora),
@@ -105,7 +104,7 @@ def measured(trainer, meter: StepMeter):
 def train_grpo(plan: Plan, dataset, rewards) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
-    if plan.accelerator == "cpu":
+    if plan.device.host_tensor_locations:
         _allow_indexed_cpu_locations()
     args = GRPOConfig(**plan.trainer_args)
     reload = reloads(plan)
@@ -123,11 +122,11 @@ def train_grpo(plan: Plan, dataset, rewards) -> None:
 
 
 def server_url(plan: Plan) -> str:
-    """vllm_server_base_url as TRL's async clients reach it. A server that requires a key (a keyed proxy) gets it
-    in the URL's user info: TRL's clients (`requests` for control calls, an aiohttp session for generation) take no
-    headers, and both send a URL's credentials as HTTP Basic auth, which the proxy accepts. The URL lives in memory
-    only; the supervisor keeps the key out of the logs."""
-    url = plan.trainer_args["vllm_server_base_url"]
+    """The proxy's URL (TRL's vllm_server_base_url) as TRL's async clients reach it. A server that requires a key
+    (a keyed proxy) gets it in the URL's user info: TRL's clients (`requests` for control calls, an aiohttp session
+    for generation) take no headers, and both send a URL's credentials as HTTP Basic auth, which the proxy accepts.
+    The URL lives in memory only; the supervisor keeps the key out of the logs."""
+    url = plan.vllm.replicas.proxy_url
     name = plan.trainer_inputs.server_key_env
     if name is None:
         return url
@@ -135,12 +134,14 @@ def server_url(plan: Plan) -> str:
     return urlunsplit(parts._replace(netloc=f"grpo:{quote(os.environ[name], safe='')}@{parts.netloc}"))
 
 
-def train_async_grpo(plan: Plan, dataset, rewards) -> None:
-    if plan.accelerator == "cpu":  # AsyncGRPOTrainer needs CUDA: run TRL's async pieces in a loop of our own
-        from grpo_launch.trainer.async_cpu import train_on_cpu
+def train_async_loop(plan: Plan, dataset, rewards) -> None:
+    """AsyncGRPOTrainer needs CUDA: where it cannot run, TRL's async pieces run in a loop of our own."""
+    from grpo_launch.trainer.async_cpu import train_on_cpu
 
-        return train_on_cpu(plan, dataset, rewards, peft_config(plan.trainer_inputs.lora), Path(METRICS_FILE),
-                            server_url(plan))
+    train_on_cpu(plan, dataset, rewards, peft_config(plan.trainer_inputs.lora), Path(METRICS_FILE), server_url(plan))
+
+
+def train_async_grpo(plan: Plan, dataset, rewards) -> None:
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer
 
@@ -156,12 +157,12 @@ def train_async_grpo(plan: Plan, dataset, rewards) -> None:
     args = AsyncGRPOConfig(**{**plan.trainer_args, "vllm_server_base_url": server_url(plan)})
     trainer = AsyncGRPOTrainer(args=args, processing_class=tokenizer, **_common(plan, dataset, rewards, meter))
     # Its client and rollout worker hold the URL now; the arguments, which checkpoints save, go back to the plain one.
-    trainer.args.vllm_server_base_url = plan.trainer_args["vllm_server_base_url"]
+    trainer.args.vllm_server_base_url = plan.vllm.replicas.proxy_url
     run_trainer(measured(trainer, meter))
 
 
-# What the trainer entrypoint runs, by the plan's TrainerInputs.trainer (contracts.plan.TRAINERS).
-TRAINERS = {"grpo": train_grpo, "async-grpo": train_async_grpo}
+# What the trainer entrypoint runs, by the plan's TrainerInputs.trainer.
+TRAINERS = {Trainer.GRPO: train_grpo, Trainer.ASYNC_GRPO: train_async_grpo, Trainer.ASYNC_LOOP: train_async_loop}
 
 
 def _allow_indexed_cpu_locations() -> None:
@@ -199,7 +200,7 @@ def run_trainer(trainer) -> None:
     trainer.train(resume_from_checkpoint=checkpoint)
     if trainer.eval_dataset is not None and not _evaluated_at(trainer, trainer.state.global_step):
         trainer.evaluate()  # at the end too, as the colocate post scored its final models
-    trainer.save_model(os.path.join(output_dir, FINAL_DIR))
+    trainer.save_model(os.path.join(output_dir, FINAL_MODEL_DIR))
     if trainer.accelerator.is_main_process:
         print(f"[grpo-launch] training finished at step {trainer.state.global_step}", flush=True)
 
@@ -211,7 +212,7 @@ def _evaluated_at(trainer, step: int) -> bool:
 def train(plan: Plan) -> None:
     inputs = plan.trainer_inputs
     PROGRESS.enter("loading the dataset")
-    dataset = load_training_dataset(inputs.data, plan.trainer_args["seed"], chat=inputs.chat_prompts)
+    dataset = load_training_dataset(inputs.data, inputs.seed, chat=inputs.chat_prompts)
     PROGRESS.enter("loading the reward functions")
     rewards = [load_reward(r.target) for r in inputs.rewards]
     PROGRESS.enter("building the trainer")

@@ -1,6 +1,6 @@
 """Trained weights into vLLM where TRL's own way cannot work: a CPU machine (the plan's weight_sync "reload").
 
-TRL 1.16 pushes weights to a vLLM server over NCCL (CUDA only: `VLLMClient.init_communicator` refuses a CPU), and
+TRL pushes weights to a vLLM server over NCCL (CUDA only: `VLLMClient.init_communicator` refuses a CPU), and
 loads them into a colocated engine tensor by tensor (`load_weights`), which vLLM's CPU linear layers cannot take:
 they repack their weights at load and keep no `weight_loader`. Instead, each sync writes the parameters TRL itself
 gathers (`VLLMGeneration._iter_named_params`: PEFT merged, ZeRO-3/FSDP gathered, names as vLLM's) as one
@@ -18,6 +18,7 @@ import functools
 import os
 from pathlib import Path
 
+from grpo_launch.contracts.devices import WeightSync
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.contracts.rundir import WEIGHT_SYNC_DIR
 
@@ -28,8 +29,8 @@ LOGPROB_TOLERANCE = 1e-3  # float32 on both sides agree to about 1e-6
 
 
 def reloads(plan: Plan) -> bool:
-    """Whether the plan's trained weights reach vLLM this way (its weight_sync, contracts.plan.WEIGHT_SYNCS)."""
-    return plan.trainer_inputs.weight_sync == "reload"
+    """Whether the plan's trained weights reach vLLM this way (its weight_sync, contracts.devices.WeightSync)."""
+    return plan.trainer_inputs.weight_sync == WeightSync.RELOAD
 
 
 def write_weights(named_params, directory: Path) -> str:

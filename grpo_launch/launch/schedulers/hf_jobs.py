@@ -5,11 +5,12 @@
 install), uploads the run directory to its folder of the bucket, starts the vLLM Jobs and waits for each one's
 `/health` through its exposed URL (with the token) within its bound, stopping everything when one ends before it
 serves (naming it, with its log tail); then starts the supervisor Jobs (the trainer), follows every Job's log
-through the console display, restarts a vLLM Job that dies while the trainer runs (`vllm.max_restarts`: the same
-alias, so the proxy takes it back), and when the trainer Job ends, fails, or Ctrl-C (SIGTERM, SIGHUP) comes,
-cancels every Job: nothing is left billing. The Job IDs are written to the run directory as they are submitted, so
-`grpo stop RUN_DIR` cancels them from another terminal (and after a SIGKILL of `grpo run`). At the end the bucket's
-copy of the run directory (logs, metrics, checkpoints) comes back into the local one.
+through the console display, restarts a vLLM Job that dies while the trainer runs
+(`placement.async_lora.max_restarts`: the same alias, so the proxy takes it back), and when the trainer Job ends,
+fails, or Ctrl-C (SIGTERM, SIGHUP) comes, cancels every Job: nothing is left billing. The Job IDs are written to the
+run directory as they are submitted, so `grpo stop RUN_DIR` cancels them from another terminal (and after a SIGKILL
+of `grpo run`). At the end the bucket's copy of the run directory (logs, metrics, checkpoints) comes back into the
+local one.
 
 Transfers to and from the bucket go through one function, `bucket_transfer` (huggingface_hub's `sync_bucket`, which
 speaks Xet): the tests replace it by a copy into their stand-in's bucket directory.
@@ -355,7 +356,7 @@ class JobsRun:
             return
         for spec in supervisors:
             self._submit(spec)
-        self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_args.get("max_steps", -1))
+        self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_inputs.max_steps)
         self._loop(self._trained, training=True)
 
     def _on_signal(self, signum, frame) -> None:

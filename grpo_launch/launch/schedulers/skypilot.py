@@ -18,10 +18,6 @@ from grpo_launch.launch.schedulers.base import Launcher, Options, RunLogs, recor
 from grpo_launch.launch.supervisor import child_environment
 
 
-def cluster_of(plan: Plan) -> str:
-    return plan.scheduler.submit[plan.scheduler.submit.index("--cluster") + 1]
-
-
 class SkyPilot(Launcher):
     name = "skypilot"
     reach = "SkyPilot copies it to every node as the task's workdir"
@@ -33,7 +29,7 @@ class SkyPilot(Launcher):
 
     def run(self, plan: Plan, run_dir: Path, settings: SkyPilotSettings, console: Console,
             options: Options) -> RunResult:
-        cluster = cluster_of(plan)
+        cluster = plan.scheduler.cluster
         record_submitted(run_dir, self.name, [cluster])
         console.print("[bold]launching[/] " + escape(
             f"{shell_line(plan.scheduler.submit)} in {shell_word(str(run_dir))}. Ctrl-C stops following only: "
@@ -42,14 +38,14 @@ class SkyPilot(Launcher):
         return RunResult(code=subprocess.run(plan.scheduler.submit, cwd=run_dir, env=child_environment({})).returncode)
 
     def stop(self, plan: Plan, run_dir: Path, settings: SkyPilotSettings, console: Console) -> int:
-        cluster = cluster_of(plan)
+        cluster = plan.scheduler.cluster
         console.print("[bold]cancelling[/] " + escape(
             f"the job on {cluster}: {shell_line(['sky', 'cancel', '--yes', '--all', cluster])} "
             f"(`{shell_line(['sky', 'down', cluster])}` releases the nodes)"))
         return subprocess.run(["sky", "cancel", "--yes", "--all", cluster], env=child_environment({})).returncode
 
     def logs(self, plan: Plan, run_dir: Path, settings: SkyPilotSettings) -> RunLogs:
-        cluster = cluster_of(plan)
+        cluster = plan.scheduler.cluster
         # metrics.jsonl and the logs from node 0's copy of the run directory, over the SSH host SkyPilot names after
         # the cluster (`sky status` writes its ssh config); checkpoints stay there. Trainer rank 0, which writes the
         # metrics, runs on node 0; the other nodes' logs stay on them.

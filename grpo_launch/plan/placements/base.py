@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 
 from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config
-from grpo_launch.contracts.plan import Plan, VllmSettings
+from grpo_launch.contracts.devices import CPU, Device
+from grpo_launch.contracts.plan import Batch, Plan, Trainer, VllmSettings
 from grpo_launch.memory.estimate import Workload
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.step_time import Lengths, StepModel, StepSplit, TrainingBatch
@@ -15,8 +16,10 @@ from grpo_launch.plan.trl_rules import grpo_batch
 
 
 def trl_weight_sync(plan: Plan, how: str) -> list[tuple[str, str, str, str]]:
-    """TRL's own weight sync (`how` it reaches vLLM) where a real plan on GPUs uses it: full weights, no adapter."""
-    if plan.accelerator != "cuda" or not plan.vllm.enabled or plan.trainer_inputs.lora is not None:
+    """TRL's own weight sync (`how` it reaches vLLM) where the plan uses it and a CPU cannot: full weights, no
+    adapter."""
+    inputs = plan.trainer_inputs
+    if inputs.weight_sync == CPU.dense_weight_sync or not plan.vllm.enabled or inputs.lora is not None:
         return []
     return [("weight sync", f"TRL's ({how})", "weights written to the run directory and reloaded by vLLM",
              "NCCL and TRL's direct loads need CUDA")]
@@ -25,13 +28,20 @@ def trl_weight_sync(plan: Plan, how: str) -> list[tuple[str, str, str, str]]:
 class Placement(ABC):
     name: ClassVar[str]                             # placement.kind, and the group file's name
     trainer_class: ClassVar[str]                    # the TRL config class its trainer takes (trl_fields)
-    trainer: ClassVar[str]                          # what the trainer entrypoint runs (contracts.plan.TRAINERS)
+    trainer: ClassVar[Trainer]                      # what the trainer entrypoint runs
     engine_label: ClassVar[str]                     # how the GPU map names its vLLM engines
     utilization_choices: ClassVar[tuple[float, ...]]  # vllm.gpu_memory_utilization values the advisor tries
-    sleep_levels: ClassVar[tuple[int, ...]] = (0,)  # vllm.sleep_level values it can run with
+    sleep_levels: ClassVar[tuple[int, ...]] = (0,)  # placement.colocate.sleep_level values it can run with
     chat_prompts: ClassVar[bool] = False            # its trainer takes prompts as chat messages only
-    cpu_trainer_ranks: ClassVar[int | None] = None  # how many trainer ranks its trainer takes on a CPU (None: any)
     no_evaluation: ClassVar[str | None] = None      # why its trainer cannot evaluate data.eval (None: TRL's does)
+
+    def trainer_on(self, device: Device) -> Trainer:
+        """What the trainer entrypoint runs on `device`."""
+        return self.trainer
+
+    def trainer_ranks_on(self, device: Device) -> int | None:
+        """How many trainer ranks its trainer takes on `device` (None: any)."""
+        return None
 
     def needs_cuda(self, plan: Plan) -> list[tuple[str, str, str, str]]:
         """What its plan does that only CUDA can, for a rehearsal on a CPU to list as could-not: (feature, what the
@@ -42,23 +52,23 @@ class Placement(ABC):
     def plan(self, ctx: Context) -> PlacementResult:
         """The layout, services and TRL arguments of this placement, or a `UserError` naming the key at fault."""
 
-    def batch(self, args: dict[str, Any], world: int, result: PlacementResult) -> dict[str, Any]:
+    def batch(self, args: dict[str, Any], world: int, result: PlacementResult) -> Batch:
         """TRL's batch rules for this placement's trainer, at the plan's world size: the derived sizes."""
         return grpo_batch(args, world, self.trainer_class)
 
-    def sized_vllm(self, result: PlacementResult, batch: dict[str, Any]) -> VllmSettings:
+    def sized_vllm(self, result: PlacementResult, batch: Batch) -> VllmSettings:
         """The engines' settings once the batch is known (a placement whose engine size follows it sets it)."""
         return result.vllm
 
     def workload(self, plan: Plan, seq_len: int) -> Workload:
         """What one trainer rank computes per micro-batch (GRPOTrainer: whole sequences, completion logits)."""
         get = lambda name: trl_fields.effective(plan.trainer_args, self.trainer_class, name)  # noqa: E731
-        per_device = plan.batch["per_device_train_batch_size"]
+        per_device = plan.batch.per_device_train_batch_size
         completion = min(get("max_completion_length"), seq_len)
         return Workload(tokens=per_device * seq_len, logit_tokens=per_device * completion,
                         reference_model=get("beta") > 0 and plan.trainer_inputs.lora is None,
                         gather_for_generation=bool(get("ds3_gather_for_generation")),
-                        generation_sequences=plan.batch["generation_batch_size"] // plan.world_size)
+                        generation_sequences=plan.batch.rounds.generation_batch_size // plan.world_size)
 
     def training_batch(self, plan: Plan, lengths: Lengths) -> TrainingBatch:
         """What one rank trains per optimizer step (GRPOTrainer): micro-batches of whole sequences padded to the
@@ -67,8 +77,8 @@ class Placement(ABC):
         optimizer steps are misaligned), and one more runs the reference model (beta > 0, full weights)."""
         get = lambda name: trl_fields.effective(plan.trainer_args, self.trainer_class, name)  # noqa: E731
         b = plan.batch
-        per_device, accumulation, steps = (b["per_device_train_batch_size"], b["gradient_accumulation_steps"],
-                                           b["steps_per_generation"])
+        per_device, accumulation, steps = (b.per_device_train_batch_size, b.gradient_accumulation_steps,
+                                           b.rounds.steps_per_generation)
         iterations = get("num_iterations")
         padded = lengths.prompt + lengths.longest(per_device * steps)
         scoring = (plan.vllm.enabled and get("vllm_importance_sampling_correction")) or \
@@ -90,11 +100,8 @@ class Placement(ABC):
         """How the model's settings reach TRL: its own `dtype` field where the config class has one, else the
         from_pretrained keywords of `model_init_kwargs`."""
         m = config.model
-        init: dict[str, Any] = {}
-        if m.revision is not None:
-            init["revision"] = m.revision
-        if m.attn_implementation is not None:
-            init["attn_implementation"] = m.attn_implementation
+        init: dict[str, Any] = {k: v for k, v in (("revision", m.revision),
+                                                   ("attn_implementation", m.attn_implementation)) if v is not None}
         args: dict[str, Any] = {"trust_remote_code": m.trust_remote_code}
         if trl_fields.has_field(self.trainer_class, "dtype"):
             args["dtype"] = m.dtype

@@ -8,13 +8,12 @@ from typing import Any, ClassVar
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts import hosts
-from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, SchedulerPlan, VerbatimLine
+from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, Role, SchedulerPlan, VerbatimLine
 from grpo_launch.errors import UserError
 from grpo_launch.plan.layout import Layout
 
 # What a scheduler starts on every node: grpo-launch's supervisor for that node's processes of plan.json.
 NODE_SUPERVISOR = ("python", "-m", "grpo_launch.launch", "--run-dir", ".")
-LOOPBACK = "127.0.0.1"
 
 
 class Scheduler(ABC):
@@ -42,7 +41,7 @@ class Scheduler(ABC):
 
     def host(self, config: Config, node: int) -> str:
         """Node `node`'s address when cluster.hosts is empty: loopback on one node, else read where the job runs."""
-        return LOOPBACK if config.cluster.nodes == 1 else hosts.reference(node)
+        return hosts.LOOPBACK if config.cluster.nodes == 1 else hosts.reference(node)
 
     def warnings(self, config: Config, plan: SchedulerPlan) -> list[str]:
         """What the plan view should warn about how the processes reach the machines."""
@@ -66,7 +65,7 @@ def setup_lines(config: Config) -> tuple[VerbatimLine, ...]:
 
 def node_groups(processes: Sequence[ProcessSpec], nodes: int, command: str) -> tuple[NodeGroup, NodeGroup | None]:
     """The nodes that train (they end with training) and those that only serve (stopped once training ended)."""
-    trainer_nodes = tuple(sorted({p.node for p in processes if p.role == "trainer"}))
+    trainer_nodes = tuple(sorted({p.node for p in processes if p.role == Role.TRAINER}))
     serving = tuple(n for n in range(nodes) if n not in trainer_nodes)
     trainers = NodeGroup("trainer", trainer_nodes, tuple(p.name for p in processes if p.node in trainer_nodes),
                          command, "when training ends; a node that fails stops the others")

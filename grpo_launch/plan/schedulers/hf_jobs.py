@@ -24,7 +24,8 @@ from typing import Any
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts import hosts
-from grpo_launch.contracts.plan import JobSpec, NodeGroup, PrepareStep, ProcessSpec, SchedulerPlan
+from grpo_launch.contracts.devices import device_of
+from grpo_launch.contracts.plan import JobSpec, NodeGroup, PrepareStep, ProcessSpec, Role, SchedulerPlan
 from grpo_launch.contracts.rundir import HF_JOBS_FILE, WHEELS_DIR
 from grpo_launch.contracts.schedulers import GROUP_LENGTH, RECIPE_LENGTH, HfJobsSettings, job_name_part
 from grpo_launch.contracts.shell import shell_word
@@ -130,7 +131,8 @@ def check_settings(config: Config) -> None:
                             key=f"{KEY}.image.{kind}", hint="e.g. vllm/vllm-openai:v" + VLLM_VERSION)
     known = library_flavors()
     for kind in ("trainer", "vllm"):
-        _check_flavor(getattr(s.flavor, kind), f"{KEY}.flavor.{kind}", known, config.cluster.accelerator == "cuda")
+        _check_flavor(getattr(s.flavor, kind), f"{KEY}.flavor.{kind}", known,
+                      device_of(config.cluster.accelerator).gpus)
     if config.data.source == "files":
         raise UserError("data.source=files: the Jobs see only the run directory, and a dataset file on this machine "
                         "is not in it", key="data.source", hint="put the dataset on the hub (data.source=hub)")
@@ -204,11 +206,11 @@ class HfJobs(Scheduler):
     def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec],
             prepare: Sequence[PrepareStep]) -> tuple[SchedulerPlan, dict[str, Any]]:
         s: HfJobsSettings = config.scheduler.hf_jobs
-        cuda = config.cluster.accelerator == "cuda"
+        cuda = device_of(config.cluster.accelerator).gpus
         by_node = {n: [p for p in processes if p.node == n] for n in range(config.cluster.nodes)}
-        served = {n: ps[0] for n, ps in by_node.items() if len(ps) == 1 and ps[0].role == "vllm"}
+        served = {n: ps[0] for n, ps in by_node.items() if len(ps) == 1 and ps[0].role == Role.VLLM}
         names = {n: served[n].name if n in served else next(
-            (p.name for p in ps if p.role == "trainer"), f"node-{n}") for n, ps in by_node.items()}
+            (p.name for p in ps if p.role == Role.TRAINER), f"node-{n}") for n, ps in by_node.items()}
         extras = "train" + (",deepspeed" if config.zero.stage else "")
         jobs = []
         for n in sorted(by_node, key=lambda n: (n not in served, n)):  # vLLM first: the trainer waits for them
@@ -249,7 +251,7 @@ class HfJobs(Scheduler):
                       f"by the supervisor Jobs", groups=groups, jobs=tuple(jobs),
             storage=f"hf://buckets/{bucket_of(s)}/<recipe>-<run>, mounted at {s.mount_path} in every Job (the "
                     f"supervisors read-write, vLLM read-only)", price_per_hour=price)
-        trainer = names[min(n for n, ps in by_node.items() if any(p.role == "trainer" for p in ps))]
+        trainer = names[min(n for n, ps in by_node.items() if any(p.role == Role.TRAINER for p in ps))]
         return plan, {self.job_file: hf_jobs_script(config, recipe, jobs, trainer, prepare, price)}
 
     def warnings(self, config: Config, plan: SchedulerPlan) -> list[str]:
@@ -258,7 +260,7 @@ class HfJobs(Scheduler):
             if j.gpus and FLAVORS[j.flavor].gpus > j.gpus:
                 out.append(f"Job {j.name} runs on {j.gpus} of its {j.flavor}'s {FLAVORS[j.flavor].gpus} GPUs: the "
                            f"others are billed idle")
-        cuda = config.cluster.accelerator == "cuda"
+        cuda = device_of(config.cluster.accelerator).gpus
         gpu_models = {FLAVORS[j.flavor].gpu for j in plan.jobs if FLAVORS[j.flavor].gpu}
         if cuda and gpu_models and config.cluster.gpu_type not in gpu_models:
             out.append(f"cluster.gpu_type={config.cluster.gpu_type} ({config.cluster.gpu_memory_gib:g} GiB), but the "

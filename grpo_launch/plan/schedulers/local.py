@@ -8,10 +8,11 @@ from typing import Any
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts import hosts
-from grpo_launch.contracts.hosts import is_loopback
+from grpo_launch.contracts.devices import device_of
+from grpo_launch.contracts.hosts import LOOPBACK, is_loopback
 from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, SchedulerPlan
 from grpo_launch.errors import UserError
-from grpo_launch.plan.schedulers.base import LOOPBACK, Scheduler
+from grpo_launch.plan.schedulers.base import Scheduler
 
 
 class Local(Scheduler):
@@ -22,7 +23,7 @@ class Local(Scheduler):
         c = config.cluster
         seen: dict[str, int] = {}
         for node, host in enumerate(c.hosts):
-            if host in seen and c.accelerator == "cuda":
+            if host in seen and not device_of(c.accelerator).loopback_nodes:
                 raise UserError(f"cluster.hosts gives nodes {seen[host]} and {node} the same machine {host}: on "
                                 f"GPUs they would share its GPUs 0-{c.gpus_per_node - 1}", key="cluster.hosts",
                                 hint="give each node its own machine; several nodes on one machine work on CPU "
@@ -31,7 +32,7 @@ class Local(Scheduler):
 
     def host(self, config: Config, node: int) -> str:
         """Several CPU nodes without hosts run on this machine; several GPU nodes need their addresses."""
-        if config.cluster.nodes == 1 or config.cluster.accelerator == "cpu":
+        if config.cluster.nodes == 1 or device_of(config.cluster.accelerator).loopback_nodes:
             return LOOPBACK
         return hosts.reference(node)
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpo_launch.compose.schema import Config
+from grpo_launch.contracts.devices import device_of
 from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, SchedulerPlan
 from grpo_launch.contracts.rundir import SKYPILOT_TASK_FILE
 from grpo_launch.contracts.schedulers import SKYPILOT_ACCELERATORS, SKYPILOT_NAME
@@ -44,7 +45,7 @@ def accelerators(config: Config) -> str | None:
     """resources.accelerators: as set, else the cluster's GPUs (none on a CPU)."""
     c = config.cluster
     given = config.scheduler.skypilot.accelerators
-    return given or (f"{c.gpu_type}:{c.gpus_per_node}" if c.accelerator == "cuda" else None)
+    return given or (f"{c.gpu_type}:{c.gpus_per_node}" if device_of(c.accelerator).gpus else None)
 
 
 class SkyPilot(Scheduler):
@@ -86,6 +87,7 @@ class SkyPilot(Scheduler):
         plan = SchedulerPlan(
             kind=self.name, job_file=self.job_file,
             submit=("sky", "launch", "--yes", "--cluster", cluster_name(config, recipe), self.job_file),
+            cluster=cluster_name(config, recipe),
             node_rank="SKYPILOT_NODE_RANK", addresses="GRPO_HOST_K: line K of SKYPILOT_NODE_IPS, exported by the "
                                                       "task's run script", groups=groups,
             verbatim=setup_lines(config))

@@ -20,11 +20,15 @@ from dataclasses import replace
 from typing import Any
 
 from grpo_launch.compose.schema import Config
+from grpo_launch.contracts.devices import device_of
 from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, SchedulerPlan, VerbatimLine
 from grpo_launch.contracts.rundir import JOB_LOG, LOGS_DIR, NODE_FAILURES, SLURM_JOB_FILE
 from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.errors import UserError
 from grpo_launch.plan.schedulers.base import NODE_SUPERVISOR, Scheduler, node_groups, node_list, setup_lines
+
+# The exit code of the node that failed first, from the nodes' records (contracts.failures).
+FIRST_FAILURE = (*NODE_SUPERVISOR, "--first-failure")
 
 # The step's shell finds its node index from its own node name; single-quoted in the batch script, so it expands on
 # each node, not once in the batch shell (where $SLURM_NODEID would be 0 for every node).
@@ -67,7 +71,7 @@ node_supervisor={step_command}
 _TAIL = """
 # The first node that failed on its own names the exit code: srun reports the highest of its tasks' codes, often a
 # node it stopped (143). Ending the script ends the job; Slurm sends SIGTERM to any step still running.
-first=$(cat {failures} 2>/dev/null | sort -n -k2 | head -n1 | cut -d' ' -f1)
+first=$({first_failure})
 if [ "$rc" -ne 0 ] && [ -n "$first" ]; then rc=$first; fi
 echo "grpo: job ends with exit code $rc"
 exit "$rc"
@@ -85,7 +89,8 @@ class Slurm(Scheduler):
         if s.gres and s.gpus_per_node:
             raise UserError("scheduler.slurm.gres and scheduler.slurm.gpus_per_node both request GPUs",
                             key="scheduler.slurm.gres", hint="set one of them")
-        if s.gpus_per_node and config.cluster.accelerator == "cuda" and s.gpus_per_node != config.cluster.gpus_per_node:
+        if s.gpus_per_node and device_of(config.cluster.accelerator).gpus \
+                and s.gpus_per_node != config.cluster.gpus_per_node:
             raise UserError(f"scheduler.slurm.gpus_per_node={s.gpus_per_node}, but the plan places work on "
                             f"cluster.gpus_per_node={config.cluster.gpus_per_node} GPUs of every node",
                             key="scheduler.slurm.gpus_per_node",
@@ -100,7 +105,7 @@ class Slurm(Scheduler):
         if s.gres:
             return [f"--gres={s.gres}"]
         gpus = s.gpus_per_node if s.gpus_per_node is not None else (
-            config.cluster.gpus_per_node if config.cluster.accelerator == "cuda" else 0)
+            config.cluster.gpus_per_node if device_of(config.cluster.accelerator).gpus else 0)
         return [f"--gpus-per-node={gpus}"] if gpus else []
 
     def _sbatch_options(self, config: Config, recipe: str) -> list[str]:
@@ -148,7 +153,7 @@ class Slurm(Scheduler):
                      "  wait \"$services\"; rc=$?\n  echo \"grpo: a serving node ended (exit code $rc): stopping the "
                      "trainer nodes\"\n  [ \"$rc\" -ne 0 ] || rc=1\n"
                      "else\n  wait \"$trainer\"; rc=$?\nfi\n")
-        text += _TAIL.format(failures=failures)
+        text += _TAIL.format(first_failure=shell_line(FIRST_FAILURE))
         plan = SchedulerPlan(
             kind=self.name, job_file=self.job_file, submit=("sbatch", "--parsable", self.job_file),
             node_rank="each node's supervisor finds K from its node name ($SLURMD_NODENAME in the allocation's "
