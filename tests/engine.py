@@ -30,8 +30,10 @@ def final_metrics(run_dir: Path, process: str) -> str:
 
 
 def adapters_run(text: str) -> set[str]:
-    """The LoRA adapters the engine ran requests with: vLLM's lora_requests_info keeps a series per adapter set."""
-    return {labels["running_lora_adapters"] for labels, _ in samples(text, "vllm:lora_requests_info")} - {""}
+    """The LoRA adapters the engine ran requests with: vLLM's lora_requests_info keeps a series per set of adapters
+    running together (their names joined by commas)."""
+    return {name for labels, _ in samples(text, "vllm:lora_requests_info")
+            for name in labels["running_lora_adapters"].split(",")} - {""}
 
 
 def adapters_loaded(log: str) -> list[str]:

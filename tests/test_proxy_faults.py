@@ -36,6 +36,18 @@ def test_request_whose_replica_dies_is_retried_once_elsewhere(tmp_path):
     asyncio.run(scenario())
 
 
+def test_a_replica_that_drops_a_request_is_probed_at_once_not_at_the_next_interval():
+    """A replica killed with requests in flight cuts them (no refused connection to notice): its /health is asked
+    at once, and it leaves routing before the next probe would have run."""
+    async def scenario():
+        async with fleet(2, health_interval_s=60.0) as f:
+            f.sims[0].die_on_request = True
+            responses = [await f.complete(PROMPT[:-i or None]) for i in range(1, 3)]  # round robin reaches r0
+            assert {served_by(r) for r in responses} == {"r1"} and f.proxy.stats.retries == 1
+            await f.until(lambda: not f.proxy.fleet.replicas[0].healthy, "r0 out of routing")
+    asyncio.run(scenario())
+
+
 def test_a_second_death_is_not_retried_again():
     async def scenario():
         async with fleet(2) as f:

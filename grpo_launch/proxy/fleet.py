@@ -93,6 +93,13 @@ class Fleet:
                     log.error("probing %s failed: %r", replica.url, outcome)
             await asyncio.sleep(self.health_interval_s)
 
+    def probe_now(self, index: int) -> None:
+        """A call to this replica went unanswered (a cut connection, a dropped request): ask its /health at once
+        rather than at the next interval, so that a dead replica leaves routing before more requests reach it."""
+        task = asyncio.create_task(self._probe(self.replicas[index]))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()

@@ -169,6 +169,8 @@ class Proxy:
                 except UNANSWERED as e:
                     if isinstance(e, aiohttp.ClientConnectorError):
                         self.fleet.mark_dead(replica.index, f"connection failed: {e.os_error or e}")
+                    else:
+                        self.fleet.probe_now(replica.index)
                     others = self.fleet.available(excluding=replica.index)
                     if attempt == 2 or not others:
                         self.stats.errors["unreachable"] += 1
