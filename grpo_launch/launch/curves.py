@@ -72,6 +72,13 @@ def pyplot():
     return plt
 
 
+def saved(fig, out: Path) -> Path:
+    """Write the figure to `out` as a PNG, then free it."""
+    fig.savefig(out, dpi=110)
+    pyplot().close(fig)
+    return out
+
+
 class CurvePlotter:
     """Draws the reward curve in the background: it imports matplotlib (about half a second) while the trainer
     starts, and plots as soon as the trainer logs its closing record, while the trainer's processes tear down (a
@@ -137,7 +144,4 @@ def plot(run_dir: Path, records: list[dict[str, Any]], title: str) -> Path | Non
     # Fixed margins, not tight_layout(): it measures every tick label, about 40% of the plot's time at the end of a
     # run (benchmarks/run_overhead.py). Sized for the panels' 4.2-inch widths and one-line titles.
     fig.subplots_adjust(left=0.22 / len(panels) + 0.02, right=0.98, bottom=0.15, top=0.8, wspace=0.32)
-    out = run_dir / CURVES_FILE
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return saved(fig, run_dir / CURVES_FILE)

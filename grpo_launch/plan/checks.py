@@ -47,9 +47,8 @@ def check_data(config: Config) -> None:
     if d.source == "builtin" and d.path not in TASKS:
         raise UserError(f"unknown built-in task '{d.path}'{did_you_mean(d.path, TASKS)}", key="data.path",
                         hint=f"built-in tasks: {', '.join(TASKS)}")
-    if d.source == "files" and not d.path.endswith(DATA_SUFFIXES):
-        raise UserError(f"data.path '{d.path}' is not a {'/'.join(DATA_SUFFIXES)} file or glob", key="data.path",
-                        hint="use data.source=hub for a dataset on the hub")
+    if d.source == "files":
+        _check_data_file("data.path", d.path, hint="use data.source=hub for a dataset on the hub")
     if d.eval is None:
         if d.eval_samples is not None:
             raise UserError("data.eval_samples is set but data.eval is not", key="data.eval_samples",
@@ -63,10 +62,15 @@ def check_data(config: Config) -> None:
     elif d.source == "builtin":
         raise UserError(f"data.eval={d.eval!r}: a built-in task's held-out rows are '{HELD_OUT}'", key="data.eval",
                         hint=f"data.eval={HELD_OUT}")
-    elif d.source == "files" and not d.eval.endswith(DATA_SUFFIXES):
-        raise UserError(f"data.eval '{d.eval}' is not a {'/'.join(DATA_SUFFIXES)} file or glob", key="data.eval",
-                        hint=f"a file of the same format, or {HELD_OUT} (the data's last rows, which training then "
-                             f"skips)")
+    elif d.source == "files":
+        _check_data_file("data.eval", d.eval, hint=f"a file of the same format, or {HELD_OUT} (the data's last rows, "
+                                                   f"which training then skips)")
+
+
+def _check_data_file(key: str, path: str, hint: str) -> None:
+    """A files source's path (or glob) names files of a format it reads."""
+    if not path.endswith(DATA_SUFFIXES):
+        raise UserError(f"{key} '{path}' is not a {'/'.join(DATA_SUFFIXES)} file or glob", key=key, hint=hint)
 
 
 def reward_target(fn: str, key: str) -> str:

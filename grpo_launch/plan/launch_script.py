@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from grpo_launch.contracts.plan import PrepareStep, ProcessSpec, Role
 from grpo_launch.contracts.shell import shell_line, shell_word
-from grpo_launch.plan.schedulers.base import node_list
+from grpo_launch.plan.schedulers.base import ANSWERS_PY, node_list
 
 PACKAGE = "grpo_launch"  # the modules the commands run with `python -m`
 PROGRAM = "grpo"         # grpo-launch's command (`grpo proxy`)
@@ -38,16 +38,13 @@ trap 'exit 130' INT TERM
 wait_ready() {{  # URL TIMEOUT_S [KEY_VARIABLE]: poll until the URL answers 200, sending that variable's key
   python3 - "$1" "$2" "${{3:-}}" <<'PY'
 import os, sys, time, urllib.request
-url, deadline, key = sys.argv[1], time.time() + float(sys.argv[2]), sys.argv[3]
+{answers}url, deadline, key = sys.argv[1], time.time() + float(sys.argv[2]), sys.argv[3]
 if key and not os.environ.get(key):
     sys.exit(f"{{key}} is not set: {{url}} answers only with its key")
-request = urllib.request.Request(url, headers={{"Authorization": "Bearer " + os.environ[key]}} if key else {{}})
+headers = {{"Authorization": "Bearer " + os.environ[key]}} if key else {{}}
 while time.time() < deadline:
-    try:
-        if urllib.request.urlopen(request, timeout=5).status == 200:
-            sys.exit(0)
-    except Exception:
-        pass
+    if answers(url, headers):
+        sys.exit(0)
     time.sleep(2)
 sys.exit(f"{{url}} did not answer within {{sys.argv[2]}} s")
 PY
@@ -82,7 +79,7 @@ def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], p
                           nodes=node_list(nodes), secrets=secrets)
     lines = [_HEADER.format(about=textwrap.fill(about, COMMENT_WIDTH, initial_indent="# ", subsequent_indent="# ",
                                                 break_long_words=False, break_on_hyphens=False),
-                            node_pattern="|".join(map(str, nodes)), nodes=node_list(nodes))]
+                            node_pattern="|".join(map(str, nodes)), nodes=node_list(nodes), answers=ANSWERS_PY)]
     for step in prepare:
         lines.append(f"# {step.name}: run once, before any process")
         lines.append(f"[ -e {shell_word(step.creates)} ] || {shell_line(step.argv)}")

@@ -17,7 +17,7 @@ from typing import Any
 from grpo_launch.contracts import measures as m
 from grpo_launch.contracts.plan import Engine
 from grpo_launch.contracts.rundir import EVAL_FILE, TIMELINE_FILE
-from grpo_launch.launch.curves import pyplot
+from grpo_launch.launch.curves import pyplot, saved
 from grpo_launch.report.run import RunData
 from grpo_launch.report.summary import steady
 
@@ -95,10 +95,7 @@ def draw_timeline(run: RunData, title: str) -> Path | None:
     if any(unseen for _, _, unseen in rows):
         fig.text(0.01, 0.1 / height, UNSEEN_NOTE, fontsize=7, color="#555555")
     fig.subplots_adjust(left=0.2, right=0.98, top=1 - 0.62 / height, bottom=0.7 / height)
-    out = run.path / TIMELINE_FILE
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return saved(fig, run.path / TIMELINE_FILE)
 
 
 def draw_eval(run: RunData, title: str) -> Path | None:
@@ -119,10 +116,7 @@ def draw_eval(run: RunData, title: str) -> Path | None:
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
     fig.subplots_adjust(left=0.15, right=0.97, bottom=0.15, top=0.88)
-    out = run.path / EVAL_FILE
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return saved(fig, run.path / EVAL_FILE)
 
 
 def draw_report(run: RunData, title: str) -> list[Path]:
@@ -159,6 +153,4 @@ def draw_overlay(comparison: Any, out: Path) -> Path:
     by_step.legend(fontsize=7, loc="lower right")
     fig.suptitle("reward curves, overlaid (shaded: the spread within each step)", fontsize=10)
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.88, wspace=0.22)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return saved(fig, out)

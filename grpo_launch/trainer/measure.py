@@ -179,6 +179,18 @@ def _timed(clock: PhaseClock, phase: str, call: Callable, after: str | None = No
     return timed
 
 
+def _counted(trainer, call: Callable, count: Callable[[int, int, int], None]) -> Callable:
+    """`call`, passing the sizes of each GRPO batch it returns while the model trains (not evaluates) to `count`."""
+    def counted(*args, **kwargs):
+        batch = call(*args, **kwargs)
+        sizes = batch_tokens(batch) if trainer.model.training else None
+        if sizes is not None:
+            count(*sizes)
+        return batch
+
+    return counted
+
+
 def instrument(trainer, meter: StepMeter) -> None:
     """Wall-clock marks on this trainer's own phases (GRPOTrainer's, AsyncGRPOTrainer's), and the counts of what it
     generated and trained."""
@@ -199,29 +211,20 @@ def instrument(trainer, meter: StepMeter) -> None:
             setattr(owner, name, _timed(clock, phase, getattr(owner, name), after))
 
     config = trainer.model.config
-    if callable(getattr(trainer, "_generate_and_score_completions", None)):
-        generate_and_score = trainer._generate_and_score_completions
 
-        def counted_generation(*args, **kwargs):
-            batch = generate_and_score(*args, **kwargs)
-            sizes = batch_tokens(batch) if trainer.model.training else None
-            if sizes is not None:
-                meter.count(**{m.COMPLETIONS: sizes[0], m.PROMPT_TOKENS: sizes[1], m.COMPLETION_TOKENS: sizes[2]})
-            return batch
+    def count_generated(completions: int, prompt_tokens: int, completion_tokens: int) -> None:
+        meter.count(**{m.COMPLETIONS: completions, m.PROMPT_TOKENS: prompt_tokens,
+                       m.COMPLETION_TOKENS: completion_tokens})
 
-        trainer._generate_and_score_completions = counted_generation
-
-    prepare = trainer._prepare_inputs
-
-    def counted_training_batch(*args, **kwargs):
-        batch = prepare(*args, **kwargs)
-        sizes = batch_tokens(batch) if trainer.model.training else None
-        if sizes is not None and sizes[0]:
-            rows, tokens = sizes[0], sizes[1] + sizes[2]
+    def count_trained(rows: int, prompt_tokens: int, completion_tokens: int) -> None:
+        if rows:
+            tokens = prompt_tokens + completion_tokens
             meter.count(**{m.SAMPLES_TRAINED: rows, m.TRAIN_FLOPS: flops_per_token(config, tokens / rows) * tokens})
-        return batch
 
-    trainer._prepare_inputs = counted_training_batch
+    if callable(getattr(trainer, "_generate_and_score_completions", None)):
+        trainer._generate_and_score_completions = _counted(trainer, trainer._generate_and_score_completions,
+                                                           count_generated)
+    trainer._prepare_inputs = _counted(trainer, trainer._prepare_inputs, count_trained)
 
 
 def gather_shares(share: dict[str, Any]) -> list[dict[str, Any]] | None:

@@ -83,3 +83,13 @@ def node_list(nodes: Sequence[int]) -> str:
     if list(nodes) == list(range(nodes[0], nodes[-1] + 1)):
         return f"nodes {nodes[0]}-{nodes[-1]}"
     return "nodes " + ", ".join(map(str, nodes))
+
+
+# The readiness probe of the generated scripts' Python heredocs (they import urllib.request): a server is ready once
+# its URL answers 200, each try given 5 s.
+ANSWERS_PY = """def answers(url, headers):
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5).status == 200
+    except Exception:
+        return False
+"""

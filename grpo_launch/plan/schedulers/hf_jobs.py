@@ -32,7 +32,7 @@ from grpo_launch.contracts.shell import shell_word
 from grpo_launch.contracts.vllm import VLLM_VERSION
 from grpo_launch.errors import UserError, did_you_mean
 from grpo_launch.plan.layout import Layout
-from grpo_launch.plan.schedulers.base import Scheduler
+from grpo_launch.plan.schedulers.base import ANSWERS_PY, Scheduler
 
 PRICES_SOURCE = ("Hugging Face Jobs pricing (huggingface.co/docs/hub/jobs-pricing, hub-docs docs/hub/jobs-pricing.md): "
                  "hourly prices, billed by the minute while a Job starts or runs; `hf jobs hardware` lists today's")
@@ -309,20 +309,15 @@ wait_ready() {{  # JOB_ID TIMEOUT_S: until its exposed /health answers; fails at
   python3 - "$namespace" "$1" "$2" <<'PY'
 import sys, time, urllib.request
 from huggingface_hub import HfApi, get_token
-namespace, job_id, deadline = sys.argv[1], sys.argv[2], time.time() + float(sys.argv[3])
+{answers}namespace, job_id, deadline = sys.argv[1], sys.argv[2], time.time() + float(sys.argv[3])
 api, token = HfApi(), get_token()
 while time.time() < deadline:
     job = api.inspect_job(job_id=job_id, namespace=namespace)
     if job.status.stage in ("COMPLETED", "CANCELED", "ERROR", "DELETED"):
         print("\\n".join(api.fetch_job_logs(job_id=job_id, namespace=namespace, tail=25)), file=sys.stderr)
         sys.exit(f"Job {{job_id}} ended ({{job.status.stage}}: {{job.status.message}}) before it served")
-    for url in job.status.expose_urls or ():
-        try:
-            request = urllib.request.Request(url + "{health}", headers={{"Authorization": f"Bearer {{token}}"}})
-            if urllib.request.urlopen(request, timeout=5).status == 200:
-                sys.exit(0)
-        except Exception:
-            pass
+    if any(answers(url + "{health}", {{"Authorization": f"Bearer {{token}}"}}) for url in job.status.expose_urls or ()):
+        sys.exit(0)
     time.sleep(5)
 sys.exit(f"Job {{job_id}} did not answer {health} within {{sys.argv[3]}} s")
 PY
@@ -402,7 +397,7 @@ def hf_jobs_script(config: Config, recipe: str, jobs: list[JobSpec], trainer: st
         recipe=recipe, placement=config.placement.kind, count=len(jobs), file=HF_JOBS_FILE,
         secrets=", ".join(s.secrets) or "none", price=price, source=PRICES_SOURCE.split(" (")[0],
         namespace=namespace, bucket=bucket, slug=shell_word(job_name_part(recipe)[:RECIPE_LENGTH]), length=GROUP_LENGTH,
-        mount=shell_word(s.mount_path), health=HEALTH)
+        mount=shell_word(s.mount_path), health=HEALTH, answers=ANSWERS_PY)
     text += f"timeout={shell_word(s.timeout)}\n\n"
     for step in prepare:  # built here, before the upload: the vLLM Jobs read it before any supervisor runs
         text += f"# {step.name}: built here, uploaded with the run directory\n"
