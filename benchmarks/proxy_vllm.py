@@ -59,7 +59,7 @@ import aiohttp
 from grpo_launch.compose import compose
 from grpo_launch.contracts import tiny
 from grpo_launch.contracts.plan import Role
-from grpo_launch.launch.supervisor import child_environment
+from grpo_launch.launch.spawn import child_environment
 from grpo_launch.plan import build_plan
 from grpo_launch.proxy.upstream import KEEPALIVE_S
 

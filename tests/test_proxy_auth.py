@@ -126,7 +126,7 @@ def test_trl_async_clients_carry_the_key_the_trainer_puts_in_the_url(monkeypatch
 
 
 def test_the_supervisor_probes_a_keyed_proxy_with_its_key(monkeypatch):
-    from grpo_launch.launch.supervisor import probe
+    from grpo_launch.launch.probes import probe
 
     async def scenario():
         async with fleet(1, client_api_key=CLIENT_KEY) as f:

@@ -17,7 +17,7 @@ from engine import total
 
 from grpo_launch.compose import compose
 from grpo_launch.contracts import tiny
-from grpo_launch.launch.supervisor import child_environment
+from grpo_launch.launch.spawn import child_environment
 from grpo_launch.plan import build_plan
 
 pytestmark = pytest.mark.slow

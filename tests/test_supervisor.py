@@ -119,6 +119,28 @@ def test_the_prepare_steps_run_alone_for_a_scheduler_that_starts_processes_elsew
     assert supervisor.groups.watchdog.poll() is not None  # the watchdog was told the steps ended, and left
 
 
+def test_no_task_of_the_supervisor_outlives_it(tmp_path, monkeypatch):
+    """Every task the supervisor starts (exit watchers, readiness and liveness probes, timers, output pumps, the
+    prepare steps' stop watch, the ticker) has ended when its run returns: none is left to an event loop that goes
+    on (the ticker and the prepare steps' stop watch once were cancelled but never awaited)."""
+    import asyncio
+
+    from grpo_launch.launch.supervisor import Supervisor
+
+    monkeypatch.setenv("GRPO_MODEL_CACHE", "0")
+
+    async def tasks_left(run_dir: Path, how) -> set:
+        (run_dir / "logs").mkdir(parents=True)
+        supervisor = Supervisor(Plan.from_json(prepare_plan(run_dir, tmp_path / "builds")), run_dir,
+                                console=Console(file=io.StringIO()))
+        result = await how(supervisor)
+        assert not supervisor.failures and (result is None or result.code == 0)
+        return asyncio.all_tasks() - {asyncio.current_task()}
+
+    assert asyncio.run(tasks_left(tmp_path / "run", Supervisor.run)) == set()
+    assert asyncio.run(tasks_left(tmp_path / "prepared", Supervisor.prepare_only)) == set()
+
+
 def test_process_dying_at_start(tmp_path):
     plan = server_plan(tmp_path, ["--die-after", "0", "--code", "7"], [])
     result, out = run(plan, tmp_path)

@@ -20,7 +20,8 @@ from grpo_launch.contracts.plan import Plan
 from grpo_launch.errors import UserError
 from grpo_launch.launch.preflight import check_data_files, check_keys_set, check_ports_free, check_vllm_installed
 from grpo_launch.launch.result import RunResult
-from grpo_launch.launch.supervisor import stray_launcher_variables, supervise
+from grpo_launch.launch.spawn import stray_launcher_variables
+from grpo_launch.launch.supervisor import supervise
 
 
 def check_not_a_worker(environ: dict[str, str]) -> None:

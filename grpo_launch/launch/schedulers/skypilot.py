@@ -15,7 +15,7 @@ from grpo_launch.contracts.schedulers import SKY_WORKDIR, SkyPilotSettings
 from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.launch.result import RunResult
 from grpo_launch.launch.schedulers.base import Launcher, Options, RunLogs, record_submitted
-from grpo_launch.launch.supervisor import child_environment
+from grpo_launch.launch.spawn import child_environment
 
 
 class SkyPilot(Launcher):

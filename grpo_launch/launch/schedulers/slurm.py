@@ -21,7 +21,7 @@ from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.errors import UserError
 from grpo_launch.launch.follow import Job
 from grpo_launch.launch.schedulers.base import JobLauncher, read_submitted, record_submitted
-from grpo_launch.launch.supervisor import child_environment
+from grpo_launch.launch.spawn import child_environment
 
 # Every state of a job that has not ended (squeue's and scontrol's names).
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "RESIZING",
