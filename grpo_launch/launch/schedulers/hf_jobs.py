@@ -41,7 +41,7 @@ from grpo_launch.launch.follow import node_failures
 from grpo_launch.launch.result import EXIT_INTERRUPTED, TAIL_LINES, Failure, RunResult
 from grpo_launch.launch.schedulers import hf_jobs_preflight
 from grpo_launch.launch.schedulers.base import Launcher, Options, RunLogs, read_submitted, record_submitted
-from grpo_launch.launch.supervisor import Supervisor
+from grpo_launch.launch.supervisor import STOP_SIGNALS, Supervisor
 from grpo_launch.launch.wheel import build_wheel
 
 MIN_VERSION = (1, 32)               # huggingface_hub: Jobs with network groups (1.32), buckets and exposed ports
@@ -55,7 +55,6 @@ PREFLIGHT_FLAVOR = "cpu-basic"
 PREFLIGHT_BEACONS = 5
 PREFLIGHT_TIMEOUT = "30m"
 PREFLIGHT_FILE = "preflight.py"
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def bucket_transfer(api: Any, source: str, dest: str) -> None:
