@@ -79,14 +79,14 @@ test: $(VLLM_STAMP) $(SKY_STAMP) slurm shellcheck
 	$(BIN)/python -m pytest -q -rs -m "not slow" -n auto
 	$(BIN)/python -m pytest -q -rs -m slow --durations=20
 
-# `make bench PARITY=1` adds the colocate post's quality claim in miniature (benchmarks/parity.py): 9 real runs,
-# several minutes; `make bench-parity` runs it alone.
+# The last one is the colocate post's quality claim in miniature (benchmarks/parity.py): 9 real runs, several
+# minutes; `make bench-parity` runs it alone.
 bench: $(VLLM_STAMP)
 	$(BIN)/python benchmarks/plan_time.py
 	$(BIN)/python benchmarks/run_overhead.py
 	$(BIN)/python benchmarks/proxy_bench.py
 	$(BIN)/python benchmarks/proxy_vllm.py
-	@if [ -n "$(PARITY)" ]; then $(MAKE) --no-print-directory bench-parity; fi
+	$(BIN)/python benchmarks/parity.py
 
 bench-parity: $(VLLM_STAMP)
 	$(BIN)/python benchmarks/parity.py

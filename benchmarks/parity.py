@@ -10,7 +10,7 @@ All three: the sevens task, 2 ranks x 16 completions a step (groups of 4), learn
 same number of steps (--steps, 20 by default). Each layout's seeds pool their last quarter of steps; Welch's
 t-test compares each layout with colocate (grpo_launch.report.compare says how).
 
-9 real runs take several minutes here (a vLLM server starts in 20-45 s): `make bench PARITY=1`, or
+9 real runs take several minutes here (a vLLM server starts in 20-45 s): `make bench` (or `make bench-parity` alone), or
 `python benchmarks/parity.py [--seeds 42 43 44] [--steps 20] [--work DIR]`. Runs already finished in --work are
 kept, so the runs can be made a seed at a time and compared at the end.
 """

@@ -1,7 +1,7 @@
 """`grpo report` and `grpo compare` on real runs of two placements: tiny-cpu-colocate (vLLM's CPU build inside both
 trainer ranks, under torchrun) and tiny-cpu-server (a real `vllm serve`, reported while it runs), every number
 checked against their metrics.jsonl. The suite's one compare of real runs; the 3-seeds x 3-layouts parity
-experiment is `make bench PARITY=1`."""
+experiment is `make bench` (or `make bench-parity` alone)."""
 
 import json
 import os
