@@ -95,8 +95,14 @@ class Fleet:
 
     def probe_now(self, index: int) -> None:
         """A call to this replica went unanswered (a cut connection, a dropped request): ask its /health at once
-        rather than at the next interval, so that a dead replica leaves routing before more requests reach it."""
-        task = asyncio.create_task(self._probe(self.replicas[index]))
+        rather than at the next interval, so that a dead replica leaves routing before more requests reach it. One
+        already out of routing waits for the regular probe, which readmits it."""
+        if self.replicas[index].healthy:
+            self._start(self._probe(self.replicas[index]))
+
+    def _start(self, coroutine) -> None:
+        """A task held until it ends (asyncio keeps only a weak reference), and cancelled by `stop`."""
+        task = asyncio.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -115,9 +121,7 @@ class Fleet:
             self.mark_dead(replica.index, problem)
         elif not replica.healthy and not replica.readmitting:
             replica.readmitting = True
-            task = asyncio.create_task(self._readmit(replica))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start(self._readmit(replica))
 
     async def _readmit(self, replica: Replica) -> None:
         try:
