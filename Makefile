@@ -73,11 +73,12 @@ setup: $(VLLM_STAMP)
 run: $(STAMP)
 	$(BIN)/grpo run
 
-# The fast tests (planning, in-process) on every core; the end-to-end ones (marked slow: real processes on fixed
-# ports, a Slurm cluster) one at a time.
+# The fast tests (planning, in-process) on every core; the end-to-end ones (marked slow: real processes) two at a
+# time, each run on free ports (tests/conftest.py), a file's tests on one worker (they may share a module fixture:
+# one Slurm cluster, one Jobs stand-in, one set of vLLM replicas).
 test: $(VLLM_STAMP) $(SKY_STAMP) slurm shellcheck
 	$(BIN)/python -m pytest -q -rs -m "not slow" -n auto
-	$(BIN)/python -m pytest -q -rs -m slow --durations=20
+	$(BIN)/python -m pytest -q -rs -m slow -n 2 --dist loadfile --durations=20
 
 # The last one is the colocate post's quality claim in miniature (benchmarks/parity.py): 9 real runs, several
 # minutes; `make bench-parity` runs it alone.

@@ -28,13 +28,40 @@ def isolated_config_home(tmp_path, tmp_path_factory, monkeypatch):
     # a user, whose `grpo run` never imports TRL.
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     monkeypatch.delenv("GRPO_RECIPES_PATH", raising=False)
+    # pytest-xdist's workers set COLUMNS=80 and LINES=24, which the processes a test starts would take for a terminal
+    # of that size: give them a pipe's environment, as a user's CI has (RUN_ENV sets a width where a test wants one).
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
 
 
-def free_port() -> int:
-    """A port nothing listens on right now, on 127.0.0.1."""
+def free_port(span: int = 1) -> int:
+    """A port nothing listens on right now, on 127.0.0.1, nor on the `span - 1` ports after it."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + span <= 65536 and all(_free(p) for p in range(port + 1, port + span)):
+            return port
+
+
+def _free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+# The ports a run listens on: free ones for each test, so that tests run side by side (the slow suite runs on two
+# workers) never collide on the recipes' defaults (torch's 29500, vLLM's 8000 and on, the proxy's 8080).
+PORT_KEYS = {"run.main_process_port": 1, "vllm.port": 4, "placement.async_lora.proxy.port": 1}
+
+
+def free_ports(*overrides: str) -> tuple[str, ...]:
+    """Overrides giving a run free ports for every key of PORT_KEYS that `overrides` leave at the recipe's."""
+    return tuple(f"{key}={free_port(span)}" for key, span in PORT_KEYS.items()
+                 if not any(o.startswith(f"{key}=") for o in overrides))
 
 
 def grpo(*args: str, env: dict | None = None, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -44,10 +71,9 @@ def grpo(*args: str, env: dict | None = None, cwd=None, timeout: float = 120) ->
 
 
 def grpo_run(tmp_path, *overrides, env=None, timeout=600) -> tuple[subprocess.CompletedProcess, Path | None]:
-    """`grpo run` under tmp_path/runs: its result and the run directory it names. The trainer's rendezvous gets a
-    free port unless the test sets one: tests running side by side would collide on torch's 29500."""
-    if not any(o.startswith("run.main_process_port=") for o in overrides):
-        overrides = (*overrides, f"run.main_process_port={free_port()}")
+    """`grpo run` under tmp_path/runs: its result and the run directory it names; free ports (free_ports) where the
+    test sets none."""
+    overrides = (*overrides, *free_ports(*overrides))
     result = subprocess.run([sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
                              f"run.root={tmp_path / 'runs'}", *overrides], capture_output=True, text=True,
                             env={**os.environ, **RUN_ENV, **(env or {})}, cwd=tmp_path, timeout=timeout)

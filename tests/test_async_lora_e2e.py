@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import grpo
+from conftest import free_ports, grpo
 from engine import adapters_loaded, adapters_removed, adapters_run, final_metrics, metrics_records, total
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def test_adapter_versions_flow_through_the_proxy_to_both_replicas(tmp_path):
     """The proxy listens beyond loopback here, so it requires a client key: the supervisor's probes and TRL's
     clients in the trainer (control calls and generation) all send it, and it is in no file of the run."""
     key = "proxy-key-8c1e4b7a2f"
-    result = grpo("run", "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}",
+    result = grpo("run", "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}", *free_ports(),
                   "placement.async_lora.proxy.host=0.0.0.0",
                   "placement.async_lora.proxy.api_key_env=GRPO_TEST_PROXY_KEY",
                   env={"COLUMNS": "200", "GRPO_TEST_PROXY_KEY": key}, cwd=tmp_path, timeout=900)
@@ -85,7 +85,8 @@ def test_a_replica_killed_mid_run_is_restarted_and_taken_back(tmp_path):
     left to serve (CI once finished all 30 steps before it was back)."""
     steps = 12
     cmd = [sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
-           "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}", f"trainer.max_steps={steps}"]
+           "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}", f"trainer.max_steps={steps}",
+           *free_ports()]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "COLUMNS": "200"})
     seen, pids, paused = [], {}, False

@@ -201,3 +201,19 @@ def test_a_tensor_parallel_size_vllm_refuses_is_refused_at_plan_time(overrides, 
 def test_tensor_parallel_sizes_that_split_the_heads_plan():
     assert plan_json("recipe=qwen72b-colocate")["vllm"]["tensor_parallel_size"] == 8  # 64 heads, 8 KV heads
     assert plan_json("recipe=qwen7b-colocate", "vllm.tensor_parallel_size=4")["vllm"]["tensor_parallel_size"] == 4
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_the_colocated_engine_gets_vllm_enforce_eager_which_trls_call_leaves_out(eager):
+    """TRL's LLM(...) in each rank passes no enforce_eager, so the knob was ignored under colocate: vLLM captured CUDA
+    graphs the memory estimate left out, and on this CPU compiled the model for about 20 s a start. The plan carries
+    it to the trainer, which adds it (and, where weights sync by reload, the model's dtype)."""
+    from types import SimpleNamespace
+
+    from grpo_launch.compose import compose
+    from grpo_launch.plan import build_plan
+    from grpo_launch.trainer.main import colocated_engine_args
+
+    plan = build_plan(compose(["recipe=tiny-cpu-colocate", f"vllm.enforce_eager={str(eager).lower()}"]))
+    args = SimpleNamespace(model_init_kwargs={"dtype": "float32"})
+    assert colocated_engine_args(plan, args) == ({"enforce_eager": True} if eager else {}) | {"dtype": "float32"}

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import RUN_ENV, free_port, grpo
+from conftest import RUN_ENV, free_ports, grpo
 from engine import final_metrics, total
 
 from grpo_launch.launch import curves
@@ -51,7 +51,7 @@ def exact(completions, solution, **kwargs):
 
 def rehearse(tmp_path: Path, *args: str, env: dict | None = None, via_run: bool = False):
     command = ("run", "--rehearse") if via_run else ("rehearse",)
-    result = grpo(*command, f"run.root={tmp_path / 'runs'}", f"run.main_process_port={free_port()}", *args,
+    result = grpo(*command, f"run.root={tmp_path / 'runs'}", *args, *free_ports(*args),
                   env={**RUN_ENV, "COLUMNS": "400", **(env or {})}, cwd=tmp_path, timeout=600)
     found = re.findall(r"run directory: (\S+)", result.stdout)
     return result, Path(found[-1]) if found else None
@@ -84,6 +84,7 @@ def test_qwen72b_colocate_rehearses_on_two_loopback_nodes(tmp_path):
         log = (run_dir / "logs" / f"trainer-node{node}.log").read_text()
         assert f"[grpo-launch] rank {node} of 2" in log and "pdsh" not in log
         assert "weight sync check: vLLM (colocate)" in log
+    assert not (run_dir / "cache" / "vllm" / "torch_compile_cache").exists()  # the engines took vllm.enforce_eager
     assert "rehearsal passed: the whole process graph ran, 2 steps trained" in out
 
 

@@ -241,7 +241,9 @@ def test_an_incomparable_pair_is_refused_with_its_reason(tmp_path):
 
 
 def test_runs_of_other_seeds_and_placements_compare_and_seeds_pool_by_layout(tmp_path, capsys):
-    runs = [write_run(tmp_path / f"colocate-{seed}", ["recipe=tiny-cpu-colocate", f"seed={seed}"],
+    # the seeds ran side by side, on ports of their own: the ports a run listens on are no part of its layout
+    runs = [write_run(tmp_path / f"colocate-{seed}", ["recipe=tiny-cpu-colocate", f"seed={seed}",
+                                                       f"vllm.port={8000 + 10 * seed}"],
                       steady_steps(8, 2, {"generate": 0.1, "train": 0.1}, completions=32, samples=32),
                       rewards=[0.1 * s + 0.01 * seed for s in range(8)]) for seed in (1, 2)]
     runs.append(write_run(tmp_path / "plain", ["recipe=tiny-cpu", "trainer.max_steps=8"],

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import grpo
+from conftest import free_ports, grpo
 
 from grpo_launch.cli import main
 
 pytestmark = pytest.mark.slow
 ENV = {"COLUMNS": "200"}
 def grpo_run(tmp_path: Path, *overrides: str):
-    result = grpo("run", f"run.root={tmp_path / 'runs'}", *overrides, env=ENV, cwd=tmp_path, timeout=900)
+    result = grpo("run", f"run.root={tmp_path / 'runs'}", *overrides, *free_ports(*overrides), env=ENV, cwd=tmp_path,
+                  timeout=900)
     found = re.search(r"run directory: (\S+)", result.stdout)
     return result, Path(found.group(1)) if found else None
 
@@ -59,7 +60,8 @@ def test_sigkill_of_grpo_leaves_no_process(tmp_path):
     import time
 
     proc = subprocess.Popen([sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
-                             "recipe=tiny-cpu-server", f"run.root={tmp_path / 'runs'}", "--grace", "5"],
+                             "recipe=tiny-cpu-server", f"run.root={tmp_path / 'runs'}", "--grace", "5",
+                             *free_ports()],
                             cwd=tmp_path, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     seen, ranks = [], set()

@@ -93,7 +93,8 @@ class Vllm:
                                              "sets its default (`grpo recipes show` shows it).", gt=0.0, le=1.0)
     max_model_len: int | None = knob(None, "Longest prompt + completion vLLM serves; null: the model's.", ge=1)
     enable_prefix_caching: bool | None = knob(None, "vLLM automatic prefix caching; null: vLLM's default (on).")
-    enforce_eager: bool = knob(False, "Disable CUDA graphs (faster start, slower generation).")
+    enforce_eager: bool = knob(False, "Disable CUDA graphs and torch.compile (faster start, slower generation), "
+                                       "in colocate's engines too.")
     block_size: int = knob(DEFAULT_BLOCK_SIZE, "KV-cache block size in tokens (--block-size); the proxy hashes "
                                                "prompts in blocks of this size.", ge=1)
     cpu_kvcache_space_gib: int = knob(1, "cluster.accelerator=cpu: GiB of host memory each vLLM engine keeps for "

@@ -47,11 +47,10 @@ class Device:
 
     def engine_env(self, kv_cache_gib: int) -> dict[str, str]:
         """What a process running a vLLM engine needs beyond its base environment. On a CPU: the KV cache's size in
-        host memory (gpu_memory_utilization means nothing there) and the engine in the API server's own process
-        (one process less per engine, about 0.5 GiB)."""
+        host memory (gpu_memory_utilization means nothing there)."""
         if self.gpus:
             return {}
-        return {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        return {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
 
     def memory_flags(self, gpu_memory_utilization: float) -> tuple[str, ...]:
         """`vllm serve`'s share of a GPU; a CPU's KV cache is sized by VLLM_CPU_KVCACHE_SPACE (`engine_env`)."""

@@ -143,6 +143,8 @@ class Colocated:
     """colocate: the engines inside the trainer ranks."""
 
     sleep_level: int                           # 2: weights and KV cache freed while the trainer steps
+    enforce_eager: bool = False                # no CUDA graphs, no torch.compile: TRL's LLM() call passes none, so the
+                                               # trainer adds it (trainer.main.configure_colocated_engine)
 
 
 @dataclass(frozen=True)

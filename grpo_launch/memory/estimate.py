@@ -27,7 +27,7 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}  # auto: th
 PROCESS_OVERHEAD_GIB = 1.5
 _OVERHEAD = Component("CUDA/NCCL overhead", PROCESS_OVERHEAD_GIB, "fixed per process")
 # A vLLM engine on a CPU, beside its KV cache (vllm.cpu_kvcache_space_gib): measured here, `vllm serve` of the tiny
-# model (API server and engine core, VLLM_ENABLE_V1_MULTIPROCESSING=0) held 2.15 GiB of RSS.
+# model (its API server and engine core processes) held 2.15 GiB of RSS.
 VLLM_CPU_ENGINE_GIB = 2.2
 # vLLM's captured CUDA graphs (its log: "Graph capturing finished ... took X GiB"); none with enforce_eager.
 VLLM_CUDA_GRAPHS_GIB = 0.5

@@ -18,6 +18,7 @@ runs could have hidden.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +30,10 @@ LEVEL = 0.05            # the test's level: the usual 5%, two-sided
 STATISTIC = ("Welch's t-test on the last quarter's mean rewards, a draw per seed (per step with one run a side); "
              "two-sided, 5%")
 TASK_FIELDS = ("source", "path", "config", "split", "prompt_column", "answer_column", "system_prompt")
-# overrides that do not change a layout (runs differing only in them are repeats), and the recipe, named already
+# overrides that do not change a layout (runs differing only in them are repeats), and the recipe, named already;
+# nor do the ports a run listens on (vllm.port, placement.async_lora.proxy.port, vllm.group_port)
 LAYOUT_FREE = ("seed=", "run.", "recipe=")
+PORT_KEY = re.compile(r"^[\w.]*[._]port=")
 
 
 def task_of(report: Report) -> dict[str, Any]:
@@ -57,7 +60,8 @@ def check_comparable(reports: list[Report]) -> None:
 
 
 def layout_of(report: Report) -> tuple[str, tuple[str, ...]]:
-    return report.run.plan.recipe, tuple(o for o in report.run.overrides if not o.startswith(LAYOUT_FREE))
+    return report.run.plan.recipe, tuple(o for o in report.run.overrides
+                                         if not o.startswith(LAYOUT_FREE) and not PORT_KEY.match(o))
 
 
 # -- ratios --------------------------------------------------------------------------------------------------------

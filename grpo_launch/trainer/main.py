@@ -111,7 +111,11 @@ def train_grpo(plan: Plan, dataset, rewards) -> None:
     if reload:
         from grpo_launch.trainer.vllm_sync import use_reload_sync
 
-        use_reload_sync(engine_dtype=(args.model_init_kwargs or {}).get("dtype"))
+        use_reload_sync()
+    if plan.vllm.colocated is not None:
+        from grpo_launch.trainer.vllm_sync import configure_colocated_engine
+
+        configure_colocated_engine(**colocated_engine_args(plan, args))
     meter = StepMeter()
     trainer = measured(GRPOTrainer(args=args, **_common(plan, dataset, rewards, meter)), meter)
     run_trainer(trainer)
@@ -119,6 +123,17 @@ def train_grpo(plan: Plan, dataset, rewards) -> None:
         from grpo_launch.trainer.vllm_sync import check_engine_follows
 
         check_engine_follows(trainer, [row["prompt"] for row in dataset.select(range(3))])
+
+
+def colocated_engine_args(plan: Plan, args) -> dict:
+    """What TRL's LLM(...) call in each rank leaves out: vllm.enforce_eager (else vLLM captures CUDA graphs, or on a
+    CPU compiles the model for 20 s a start), and where weights sync by reload the model's dtype (vLLM's CPU build
+    would run a float32 checkpoint in bfloat16)."""
+    engine_args = {"enforce_eager": True} if plan.vllm.colocated.enforce_eager else {}
+    dtype = (args.model_init_kwargs or {}).get("dtype")
+    if reloads(plan) and dtype is not None:
+        engine_args["dtype"] = dtype
+    return engine_args
 
 
 def server_url(plan: Plan) -> str:

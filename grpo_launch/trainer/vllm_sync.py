@@ -69,16 +69,21 @@ def _init_communicator(self, device=0) -> None:
     self.get_server_info()
 
 
-def use_reload_sync(engine_dtype: str | None) -> None:
-    """Make TRL's weight sync go through files and vLLM's reload, and its colocated engine run in the model's dtype
-    (TRL passes none, and vLLM's CPU build runs a float32 checkpoint in bfloat16)."""
+def use_reload_sync() -> None:
+    """Make TRL's weight sync go through files and vLLM's reload."""
     from trl.generation import vllm_client, vllm_generation
 
     vllm_generation.VLLMGeneration.sync_weights = _sync_weights
     vllm_client.VLLMClient.init_communicator = _init_communicator
     vllm_client.VLLMClient.close_communicator = lambda self: None
-    if engine_dtype is not None:
-        vllm_generation.LLM = functools.partial(vllm_generation.LLM, dtype=engine_dtype)
+
+
+def configure_colocated_engine(**engine_args) -> None:
+    """Add to the LLM(...) TRL builds in each rank (colocate) the plan's settings that its call leaves out."""
+    from trl.generation import vllm_generation
+
+    if engine_args:
+        vllm_generation.LLM = functools.partial(vllm_generation.LLM, **engine_args)
 
 
 def _token_ids(tokenizer, prompt) -> list[int]:

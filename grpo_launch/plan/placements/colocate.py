@@ -59,7 +59,7 @@ class Colocate(Placement):
         settings = VllmSettings(enabled=True, engine="vLLM in-process (external_launcher)",
                                 tensor_parallel_size=tp, data_parallel_size=engines_count,
                                 gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=v.max_model_len,
-                                max_num_batched_tokens=TRL_BATCHED_TOKENS, colocated=Colocated(sleep))
+                                max_num_batched_tokens=TRL_BATCHED_TOKENS, colocated=Colocated(sleep, v.enforce_eager))
         # The engine lives in each trainer rank, so the ranks take vLLM's environment; where TRL's direct weight
         # load cannot work (a CPU: vLLM repacks CPU linear weights), the engine reloads the weights from files.
         return PlacementResult(layout=layout, engines=engines, services=[], trainer_args=args,
