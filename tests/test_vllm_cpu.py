@@ -22,23 +22,23 @@ def grpo_run(tmp_path: Path, *overrides: str):
     return result, Path(found.group(1)) if found else None
 
 
-def vllm_processes() -> list[psutil.Process]:
+def vllm_processes(under: Path) -> list[psutil.Process]:
+    """vLLM's processes running in `under`, a test's directory (other tests' servers may run beside it)."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "cwd"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "vllm serve" in cmd or "vllm.entrypoints" in cmd:
+        if ("vllm serve" in cmd or "vllm.entrypoints" in cmd) and Path(p.info["cwd"] or "/").is_relative_to(under):
             found.append(p)
     return found
 
 
 def test_a_server_that_fails_to_start_stops_the_run(tmp_path):
-    before = {p.pid for p in vllm_processes()}
     result, run_dir = grpo_run(tmp_path, "recipe=tiny-cpu-server", "vllm.extra_args=[--no-such-flag]")
     assert result.returncode == 2, result.stdout[-3000:]  # vLLM's own exit code for a bad flag
     assert "failed: vllm exited with code 2 before it was ready" in result.stdout
     assert "unrecognized arguments: --no-such-flag" in result.stdout  # its log tail
     assert "started trainer" not in result.stdout
-    assert {p.pid for p in vllm_processes()} <= before  # nothing of it is left
+    assert vllm_processes(tmp_path) == []  # nothing of it is left
 
 
 def alive(process: psutil.Process) -> bool:

@@ -172,6 +172,8 @@ class Proxy:
                     else:
                         self.fleet.probe_now(replica.index)
                     others = self.fleet.available(excluding=replica.index)
+                    log.warning("a request to %s went unanswered (%s: %s); %s", replica.url, type(e).__name__, e,
+                                "retrying it on another replica" if attempt == 1 and others else "failing it (502)")
                     if attempt == 2 or not others:
                         self.stats.errors["unreachable"] += 1
                         return _web(error_reply(502, f"replica {replica.url} did not answer: {type(e).__name__}",
