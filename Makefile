@@ -73,12 +73,12 @@ setup: $(VLLM_STAMP)
 run: $(STAMP)
 	$(BIN)/grpo run
 
-# The fast tests (planning, in-process) on every core; the end-to-end ones (marked slow: real processes) two at a
-# time, each run on free ports (tests/conftest.py), a file's tests on one worker (they may share a module fixture:
-# one Slurm cluster, one Jobs stand-in, one set of vLLM replicas).
+# Every test in one session on two workers: the end-to-end ones (marked slow: real processes, waiting on a vLLM start
+# or a trainer's imports) leave a core idle much of the time, and the in-process ones fill it. A file's tests run on
+# one worker (some share a module fixture: one Slurm cluster, one Jobs stand-in, one set of vLLM replicas), each run
+# on free ports (tests/conftest.py). `-m slow` or `-m "not slow"` picks one kind.
 test: $(VLLM_STAMP) $(SKY_STAMP) slurm shellcheck
-	$(BIN)/python -m pytest -q -rs -m "not slow" -n auto
-	$(BIN)/python -m pytest -q -rs -m slow -n 2 --dist loadfile --durations=20
+	$(BIN)/python -m pytest -q -rs -n 2 --dist loadfile --durations=20
 
 # The last one is the colocate post's quality claim in miniature (benchmarks/parity.py): 9 real runs, several
 # minutes; `make bench-parity` runs it alone.
