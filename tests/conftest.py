@@ -108,9 +108,3 @@ def replanned(composed, *, model=None, dtype=None, nodes=None, zero=None, traine
     composed = replace(composed, config=config)
     return composed, build_plan(composed)
 
-
-
-def pytest_collection_modifyitems(config, items):
-    """The end-to-end tests first (a stable sort: each file's order kept): `make test` runs one file at a time per
-    worker, longest kind first, so the short in-process files fill the end and both workers finish together."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
