@@ -6,13 +6,12 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import subprocess
 from dataclasses import dataclass
 
 import aiohttp
 import pytest
-from conftest import free_port
+from conftest import free_ports
 from engine import total
 
 from grpo_launch.compose import compose
@@ -41,26 +40,14 @@ class Served:
         process.wait()
 
 
-def _free_pair() -> int:
-    """A port p with p + 1 free as well: the replicas listen on consecutive ports."""
-    while True:
-        port = free_port()
-        try:
-            with socket.create_server(("127.0.0.1", port + 1)):
-                return port
-        except OSError:
-            continue
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     work = tmp_path_factory.mktemp("proxy-vllm")
     # Without chunked prefill: vLLM's CPU build crashes when it chunks the prefill of a seeded request ("CPU
     # Generator does not use offset"), and TRL seeds every request; many at once get chunked.
     plan = build_plan(compose(["recipe=tiny-cpu-async-lora", f"model.tiny.max_position_embeddings={CONTEXT}",
-                               f"vllm.max_model_len={CONTEXT}", f"vllm.port={_free_pair()}",
-                               f"placement.async_lora.proxy.port={free_port()}",
-                               "vllm.extra_args=[--no-enable-chunked-prefill]"]))
+                               f"vllm.max_model_len={CONTEXT}", "vllm.extra_args=[--no-enable-chunked-prefill]",
+                               *free_ports()]))
     for step in plan.prepare:
         subprocess.run(step.argv, cwd=work, check=True, env=child_environment({}), stdout=subprocess.DEVNULL)
     services = [p for p in plan.processes if p.role in ("vllm", "proxy")]

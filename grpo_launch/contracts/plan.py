@@ -144,7 +144,7 @@ class Colocated:
 
     sleep_level: int                           # 2: weights and KV cache freed while the trainer steps
     enforce_eager: bool = False                # no CUDA graphs, no torch.compile: TRL's LLM() call passes none, so the
-                                               # trainer adds it (trainer.main.configure_colocated_engine)
+                                               # trainer adds it (trainer.main.colocated_engine_args)
 
 
 @dataclass(frozen=True)
