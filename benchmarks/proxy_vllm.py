@@ -415,7 +415,7 @@ def make_adapters(model_dir: Path, out: Path, count: int) -> list[Path]:
 # -- the matrix -------------------------------------------------------------------------------------------------
 
 
-async def measure(replica_counts: list[int], workloads: list[Workload], policies: list[str], repeats: int,
+async def measure(replica_counts: list[int], workloads: list[Workload], policies: list[str], repeats: range,
                   work: Path, record: Path | None) -> dict[tuple[str, int, str], list[Run]]:
     results: dict[tuple[str, int, str], list[Run]] = {}
     # Idle connections closed before uvicorn (vllm serve) closes them (5 s), or a reused one may fail mid-request.
@@ -434,7 +434,7 @@ async def measure(replica_counts: list[int], workloads: list[Workload], policies
                         adapters = make_adapters(work / "model", work, max(
                             -(-w.prompts * w.epochs // w.version_every) for w in workloads if w.version_every))
                     for workload in (w for w in workloads if caches[w.name] == cache):
-                        for repeat in range(repeats):
+                        for repeat in repeats:
                             for k, policy in enumerate(policies):
                                 seed = zlib.crc32(f"{replicas}/{workload.name}/{repeat}/{k}".encode())
                                 run = await run_policy(http, fleet, policy, workload, seed, adapters)
@@ -522,12 +522,17 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"default {' '.join(DEFAULT_WORKLOADS)}; --full: all")
     parser.add_argument("--policies", nargs="+", choices=[PROXY, *ROUTER_POLICIES, ONE],
                         help=f"default {', '.join(DEFAULT_POLICIES)}; --full: all")
+    parser.add_argument("--first-repeat", type=int, default=1, metavar="N",
+                        help="number the repeats from N: each repeat's prompts follow from its number, so a matrix "
+                             "recorded in pieces (--record) takes N past the repeats already recorded")
     parser.add_argument("--record", type=Path, help="append every run's numbers to this file (JSON lines)")
     parser.add_argument("--report", type=Path, nargs="+", metavar="FILE",
                         help="print the table of recorded runs (from --record) and run nothing")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/proxy.md's)")
     parser.add_argument("--keep-logs", action="store_true", help="keep every process's log after the run")
     args = parser.parse_args(argv)
+    if args.first_repeat < 1:
+        parser.error(f"--first-repeat {args.first_repeat}: repeats are numbered from 1")
     if args.report:
         runs: dict[tuple[str, int, str], list[Run]] = {}
         for path in args.report:
@@ -545,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
     work = Path(tempfile.mkdtemp(prefix="grpo-proxy-vllm-"))
     print(f"logs in {work}" + ("" if args.keep_logs else " (removed after a run that completes)"), flush=True)
-    runs = asyncio.run(measure(replica_counts, workloads, policies, repeats, work, args.record))
+    first = args.first_repeat - 1
+    runs = asyncio.run(measure(replica_counts, workloads, policies, range(first, first + repeats), work, args.record))
     if not args.keep_logs:
         shutil.rmtree(work)
     report(runs, args.markdown)
