@@ -36,6 +36,11 @@ class Trainer(StrEnum):
     ASYNC_GRPO = "async-grpo"  # TRL's AsyncGRPOTrainer (CUDA only)
     ASYNC_LOOP = "async-loop"  # TRL's async pieces (rollout worker, client, adapter saving) in one process: a CPU
 
+    @property
+    def config_class(self) -> str:
+        """The TRL config class its arguments fill (trl_fields)."""
+        return "GRPOConfig" if self is Trainer.GRPO else "AsyncGRPOConfig"
+
 
 class Sharding(StrEnum):
     """How the trainer ranks share the model."""

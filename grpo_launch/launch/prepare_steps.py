@@ -9,6 +9,7 @@ import fcntl
 import signal
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_launch.contracts.plan import PrepareStep
@@ -21,14 +22,13 @@ from grpo_launch.launch.spawn import PUMP_DRAIN_S, Spawner
 LOCK_POLL_S = 0.2
 
 
+@dataclass(eq=False)
 class PrepareSteps:
-    def __init__(self, steps: tuple[PrepareStep, ...], run_dir: Path, spawner: Spawner, display: ConsoleDisplay,
-                 stop_requested: asyncio.Event) -> None:
-        self.steps = steps
-        self.run_dir = run_dir
-        self.spawner = spawner
-        self.display = display
-        self.stop_requested = stop_requested
+    steps: tuple[PrepareStep, ...]
+    run_dir: Path
+    spawner: Spawner
+    display: ConsoleDisplay
+    stop_requested: asyncio.Event
 
     async def run(self) -> Failure | None:
         """Each step once per run directory: nodes sharing it (loopback, shared storage) take turns, and a node

@@ -5,6 +5,7 @@ and its output drained into its log by a task of the run's (`output`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -61,17 +62,16 @@ class Started:
     drained: asyncio.Task        # ends when its output does
 
 
+@dataclass(eq=False)
 class Spawner:
     """Starts the processes of one run in `cwd`, each one's group recorded in `groups`, its output drained by a task
     of `tasks` with every value of `secrets` kept out."""
 
-    def __init__(self, cwd: Path, groups: ProcessGroups, tasks: Tasks, display: ConsoleDisplay,
-                 secrets: tuple[str, ...]) -> None:
-        self.cwd = cwd
-        self.groups = groups
-        self.tasks = tasks
-        self.display = display
-        self.secrets = secrets
+    cwd: Path
+    groups: ProcessGroups
+    tasks: Tasks
+    display: ConsoleDisplay
+    secrets: tuple[str, ...]
 
     async def start(self, argv: tuple[str, ...], env: dict[str, str], log_path: Path,
                     on_line: Callable[[str], None]) -> Started:
@@ -108,7 +108,5 @@ class Spawner:
 
 def signal_leader(pid: int, sig: int) -> None:
     """Signal a process alone, not its group: a server shuts its own children down in order."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -207,6 +207,15 @@ class Supervisor:
         self.tasks.start(self._restart_after(child, restart.backoff_s))
         return True
 
+    def _apply(self, event: Exited | Ready | NotReady | Unresponsive | ExitOverdue | Due) -> None:
+        """What an event changes in the children's states (a restart, which is awaited, aside)."""
+        on = {Exited: self._on_exit, Ready: self._on_ready, NotReady: self._on_not_ready,
+              Unresponsive: self._on_unresponsive, ExitOverdue: self._on_exit_overdue, Due: self._on_due}
+        on[type(event)](event)
+
+    def _on_due(self, event: Due) -> None:
+        self.due.add(event.child.name)
+
     def _on_exit(self, event: Exited) -> None:
         child = event.child
         if event.generation != child.generation or self.stopping or not child.running:
@@ -292,20 +301,11 @@ class Supervisor:
             event = await self.events.get()
             if isinstance(event, StopRequested):
                 return False
-            if isinstance(event, Exited):
-                self._on_exit(event)
-            elif isinstance(event, RestartDue) and event.child.state is State.RESTARTING:
-                await self._start(event.child)
-            elif isinstance(event, Ready):
-                self._on_ready(event)
-            elif isinstance(event, NotReady):
-                self._on_not_ready(event)
-            elif isinstance(event, Unresponsive):
-                self._on_unresponsive(event)
-            elif isinstance(event, ExitOverdue):
-                self._on_exit_overdue(event)
-            elif isinstance(event, Due):
-                self.due.add(event.child.name)
+            if isinstance(event, RestartDue):
+                if event.child.state is State.RESTARTING:
+                    await self._start(event.child)
+            else:
+                self._apply(event)
             await self._advance()
         return not self.failures
 

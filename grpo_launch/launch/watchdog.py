@@ -16,6 +16,7 @@ depend on how grpo-launch was installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -31,10 +32,8 @@ CLOSE_WAIT_S = 5.0             # how long the supervisor waits for its watchdog 
 
 
 def signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone already, or not ours any more
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def live_groups(pgids: Iterable[int]) -> set[int]:

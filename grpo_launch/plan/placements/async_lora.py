@@ -131,7 +131,6 @@ def _check_trainer_ranks(config: Config, device: Device, layout: Layout) -> None
 
 class AsyncLora(Placement):
     name = "async-lora"
-    trainer_class = "AsyncGRPOConfig"
     trainer = Trainer.ASYNC_GRPO
     engine_label = "replica"
     utilization_choices = (0.8, 0.9)  # the GPUs are the replicas' alone

@@ -27,13 +27,17 @@ def trl_weight_sync(plan: Plan, how: str) -> list[tuple[str, str, str, str]]:
 
 class Placement(ABC):
     name: ClassVar[str]                             # placement.kind, and the group file's name
-    trainer_class: ClassVar[str]                    # the TRL config class its trainer takes (trl_fields)
     trainer: ClassVar[Trainer]                      # what the trainer entrypoint runs
     engine_label: ClassVar[str]                     # how the GPU map names its vLLM engines
     utilization_choices: ClassVar[tuple[float, ...]]  # vllm.gpu_memory_utilization values the advisor tries
     sleep_levels: ClassVar[tuple[int, ...]] = (0,)  # placement.colocate.sleep_level values it can run with
     chat_prompts: ClassVar[bool] = False            # its trainer takes prompts as chat messages only
     no_evaluation: ClassVar[str | None] = None      # why its trainer cannot evaluate data.eval (None: TRL's does)
+
+    @property
+    def trainer_class(self) -> str:
+        """The TRL config class its trainer takes, on any device."""
+        return self.trainer.config_class
 
     def trainer_on(self, device: Device) -> Trainer:
         """What the trainer entrypoint runs on `device`."""

@@ -22,7 +22,6 @@ TRL_BATCHED_TOKENS = 4096
 
 class Colocate(Placement):
     name = "colocate"
-    trainer_class = "GRPOConfig"
     trainer = Trainer.GRPO
     engine_label = "vllm"
     utilization_choices = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # vLLM shares each GPU with a trainer rank

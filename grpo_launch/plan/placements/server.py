@@ -19,7 +19,6 @@ from grpo_launch.plan.step_time import StepModel, StepSplit, one_after_another
 
 class Server(Placement):
     name = "server"
-    trainer_class = "GRPOConfig"
     trainer = Trainer.GRPO
     engine_label = "vllm"
     utilization_choices = (0.8, 0.9)  # the GPUs are vLLM's alone
