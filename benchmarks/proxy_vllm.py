@@ -505,7 +505,6 @@ def report(runs: dict[tuple[str, int, str], list[Run]], markdown: bool = False) 
                           f"{ours.token_imbalance:.3f}, limit {TARGET_TOKEN_IMBALANCE}")
     print("targets (the proxy against every vllm-router policy)")
     print("\n".join(checks))
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -555,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep_logs:
         shutil.rmtree(work)
     report(runs, args.markdown)
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
     return 0
 
 

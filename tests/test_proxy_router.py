@@ -3,6 +3,7 @@ discount, loads in outstanding tokens."""
 
 import pytest
 
+from grpo_launch.proxy import router as routing
 from grpo_launch.proxy.router import AFFINITY, GROUP, SPILL, UNMATCHED, PrefixRouter, Prompt, block_hashes, prompt_of
 
 BS = 4
@@ -96,7 +97,7 @@ def test_a_replica_faster_for_a_while_takes_no_more_than_its_share(replicas):
         for d in group:
             (r.finish if d.replica == 0 else in_flight.append)(d)
         busy(r, 0, 1)  # and replica 0 is never idle
-    assert max(r.sent) / (sum(r.sent) / replicas) <= 1.1
+    assert max(r.sent) / (sum(r.sent) / replicas) <= 1 + routing.LEAD
     assert r.outstanding[0] < min(r.outstanding[1:])
 
 
@@ -127,6 +128,7 @@ def test_overloaded_holder_spills_to_least_loaded():
     for i in ALL:
         busy(r, i, 10)
     busy(r, home.replica, 25)  # mean in flight 13: a margin of 26; home is 25 above the rest
+    r.sent[:] = [r.sent[home.replica]] * 4  # the others were sent as much: only the loads differ here
     assert r.choose(ask(prompt(1)), ALL).kind == AFFINITY
     busy(r, home.replica, 10)  # mean 12.5: a margin of 25; home is 35 above
     spilled = r.route(ask(prompt(1)), ALL)
