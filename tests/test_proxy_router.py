@@ -3,7 +3,6 @@ discount, loads in outstanding tokens."""
 
 import pytest
 
-from grpo_launch.proxy import router as routing
 from grpo_launch.proxy.router import AFFINITY, GROUP, SPILL, UNMATCHED, PrefixRouter, Prompt, block_hashes, prompt_of
 
 BS = 4
@@ -63,7 +62,6 @@ def test_same_prompt_sticks_to_its_replica_within_the_margin():
     first = r.route(ask(prompt(1), max_tokens=20), ALL)  # weight 44
     r.finish(first)
     busy(r, first.replica, 80)  # under 2 requests' worth of the mean in flight (80) above the others (0)
-    r.sent[:] = [r.sent[first.replica]] * 4  # the others were sent as much: only the loads differ here
     again = r.route(ask(prompt(1)), ALL)
     assert (again.replica, again.kind) == (first.replica, AFFINITY)
     assert again.matched_blocks == again.prompt_blocks == 6
@@ -85,34 +83,6 @@ def test_new_prompts_split_the_work_evenly_unless_a_replica_is_overloaded():
     assert r.route(ask(list(range(7000, 7008)), max_tokens=10), ALL).replica != long.replica
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
-def test_a_replica_faster_for_a_while_takes_no_more_than_its_share(replicas):
-    """Replica 0 answers each group at once, the others answer nothing: they are overloaded all along. Replica 0
-    still takes no more than its share of the prompt tokens; before, it took almost every group."""
-    r, everyone = router(replicas=replicas, imbalance=8), list(range(replicas))
-    in_flight: list = []
-    for i in range(200):
-        tokens = list(range(i * 1000, i * 1000 + 3 + i % 40))  # lengths vary, as GRPO prompts do
-        group = [r.route(ask(tokens, max_tokens=8), everyone) for _ in range(8)]
-        for d in group:
-            (r.finish if d.replica == 0 else in_flight.append)(d)
-        busy(r, 0, 1)  # and replica 0 is never idle
-    assert max(r.sent) / (sum(r.sent) / replicas) <= 1 + routing.LEAD
-    assert r.outstanding[0] < min(r.outstanding[1:])
-
-
-def test_an_idle_replica_keeps_its_prompts_however_much_it_was_sent():
-    r = router(imbalance=2)
-    first = r.route(ask(prompt(1)), ALL)
-    r.finish(first)
-    r.sent[first.replica] += 10_000
-    again = r.route(ask(prompt(1)), ALL)
-    assert (again.replica, again.kind) == (first.replica, AFFINITY)
-    r.finish(again)
-    busy(r, first.replica, 1)  # busy, and ahead: the prompt goes to the least-sent replicas
-    assert r.route(ask(prompt(1)), ALL).kind == SPILL
-
-
 def test_a_returning_replica_joins_the_split_where_the_others_are():
     r = router()
     for i in range(8):
@@ -128,7 +98,6 @@ def test_overloaded_holder_spills_to_least_loaded():
     for i in ALL:
         busy(r, i, 10)
     busy(r, home.replica, 25)  # mean in flight 13: a margin of 26; home is 25 above the rest
-    r.sent[:] = [r.sent[home.replica]] * 4  # the others were sent as much: only the loads differ here
     assert r.choose(ask(prompt(1)), ALL).kind == AFFINITY
     busy(r, home.replica, 10)  # mean 12.5: a margin of 25; home is 35 above
     spilled = r.route(ask(prompt(1)), ALL)
@@ -144,7 +113,6 @@ def test_with_many_requests_in_flight_only_twice_the_least_load_is_overload():
             busy(r, i, 10)  # 100 outstanding tokens each
     for _ in range(9):
         busy(r, home.replica, 10)  # 190: far over 1 request's worth above the others, not twice as many
-    r.sent[:] = [r.sent[home.replica]] * 4  # the others were sent as much: only the loads differ here
     assert r.choose(ask(prompt(1)), ALL).kind == AFFINITY
     for _ in range(2):
         busy(r, home.replica, 10)  # 210: more than twice as many

@@ -16,9 +16,6 @@ replica served each block.
 - A prompt with no specific prefix, or one that spills, goes to the replica that has been sent the fewest tokens
   among those that are not overloaded: the run's work is split evenly (a group is one prompt's G requests, so it is
   split group by group), and a slow or busy replica still gets no more than its margin.
-- Neither affinity nor a spill sends a prompt to a busy replica that is ahead: sent `LEAD` more tokens than the
-  least-sent replica, plus one request like this one. Then the least-sent replicas take it, busy or not,
-  so a replica that is faster for a while does not take ever more of the run.
 
 A request's tokens are its prompt and `max_tokens`: what the replica's KV cache holds for it while it runs.
 """
@@ -38,12 +35,6 @@ KINDS = (GROUP, AFFINITY, SPILL, UNMATCHED)
 # group or two more is noise: shedding at 1.25x split the benchmark's work by the replicas' momentary speed (prompt
 # tokens 1.05-1.21x the mean on 2 CPU replicas), at 2x it stayed even (1.00-1.03x) with no longer makespan.
 RELATIVE_EXCESS = 2.0
-# A busy replica sent more than this share above the least-sent one (plus one request like the one being routed)
-# takes no new prompt until the others catch up, even when they are busier: a replica that is faster for a while (a
-# CPU engine the scheduler favours, one whose KV cache is not full) would otherwise take ever more of the run
-# (prompt tokens 1.10-1.54x the mean on 2 CPU replicas under KV pressure; 1.107 on 4 at a 10% lead plus a group).
-# An idle replica is never ahead: a prompt returning to its prefix costs nobody anything.
-LEAD = 0.05
 Kind = Literal["group", "affinity", "spill", "unmatched"]
 
 
@@ -190,12 +181,9 @@ class PrefixRouter:
                 best, best_specific = r, specific
         least = min(load[r] for r in available)
         bound = max(least + self.imbalance * self._mean_weight(), least * RELATIVE_EXCESS)
-        least_sent = min(self.sent[r] for r in available)
-        share = least_sent * (1 + LEAD) + prompt.weight
-        in_share = [r for r in available if not load[r] or self.sent[r] <= share]
-        if best >= 0 and load[best] <= bound and best in in_share:
+        if best >= 0 and load[best] <= bound:
             return Decision(best, AFFINITY, prompt, n, matched[best], common)
-        chosen = self._evenly([r for r in in_share if load[r] <= bound] or in_share)
+        chosen = self._evenly([r for r in available if load[r] <= bound])
         return Decision(chosen, SPILL if best >= 0 else UNMATCHED, prompt, n, matched.get(chosen, 0), common)
 
     def _mean_weight(self) -> float:
