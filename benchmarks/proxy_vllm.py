@@ -127,6 +127,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_below_ephemeral() -> int:
+    """A free port below the kernel's range for outgoing connections. vLLM binds its KV-event publisher only once its
+    engine is up, tens of seconds after the port was chosen; meanwhile any of the clients' connections may take a
+    port of that range (it happened: "Address already in use")."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    while True:
+        port = random.SystemRandom().randrange(low // 2, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+
+
 class Process:
     """A child in its own process group (vLLM's engine is a grandchild), its output in a log file."""
 
@@ -214,7 +229,7 @@ async def start_fleet(http: aiohttp.ClientSession, replicas: int, cache_blocks: 
     urls, events, processes = [], [], []
     for spec in specs:
         # vLLM binds its publisher only to a wildcard address (tcp://*:PORT); vllm-router's kv_aware takes TCP only.
-        events_port = free_port()
+        events_port = free_port_below_ephemeral()
         # No chunked prefill: vLLM's CPU build crashes when it chunks the prefill of a seeded request ("CPU
         # Generator does not use offset"), and TRL seeds every request.
         argv = [*spec.argv, "--no-enable-chunked-prefill",
@@ -279,13 +294,26 @@ class Router:
 
     async def _everywhere(self, http: aiohttp.ClientSession, path: str, body: dict) -> None:
         for base in [self.url] if self.policy == PROXY else self.fleet.urls:
-            async with http.post(base + path, json=body) as r:
-                if r.status != 200:
-                    raise RuntimeError(f"{path} {body} on {base} answered {r.status}: {await r.text()}")
+            await post_ok(http, base + path, body)
 
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
+
+
+async def warm_lora(http: aiohttp.ClientSession, fleet: Fleet, adapter: Path) -> None:
+    """Each engine's first requests with an adapter are slow once (seconds on this CPU, longer under load): that is
+    not part of any run, or it would fall on whichever policy meets adapters first."""
+    for url in fleet.urls:
+        await post_ok(http, f"{url}/v1/load_lora_adapter", {"lora_name": "warm-up", "lora_path": str(adapter)})
+        await asyncio.gather(*(generate(http, url, "warm-up", list(range(4, 4 + 40 + k))) for k in range(4)))
+        await post_ok(http, f"{url}/v1/unload_lora_adapter", {"lora_name": "warm-up"})
+
+
+async def post_ok(http: aiohttp.ClientSession, url: str, body: dict | None = None) -> None:
+    async with http.post(url, json=body) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{url} {body or ''} answered {r.status}: {await r.text()}")
 
 
 # -- one run ----------------------------------------------------------------------------------------------------
@@ -334,9 +362,7 @@ def _imbalance(values: list[float]) -> float:
 async def run_once(http: aiohttp.ClientSession, fleet: Fleet, router: Router, workload: Workload, seed: int,
                    adapters: list[Path]) -> Run:
     for url in fleet.urls:  # every run starts from empty caches
-        async with http.post(f"{url}/reset_prefix_cache") as r:
-            if r.status != 200:
-                raise RuntimeError(f"{url}/reset_prefix_cache answered {r.status}")
+        await post_ok(http, f"{url}/reset_prefix_cache")
     prompts, versions = workload.prompts_of(seed)
     names = {v: f"s{seed}-{v}" for v in dict.fromkeys(versions) if v}
     before = [await engine_counters(http, u) for u in fleet.urls]
@@ -430,10 +456,13 @@ async def measure(replica_counts: list[int], workloads: list[Workload], policies
                 print(f"{replicas} replicas up in {time.perf_counter() - fleet_started:.0f} s"
                       + (f", KV cache {cache} blocks each" if cache else ""), flush=True)
                 try:
-                    if not adapters and any(w.version_every for w in workloads):
-                        adapters = make_adapters(work / "model", work, max(
-                            -(-w.prompts * w.epochs // w.version_every) for w in workloads if w.version_every))
-                    for workload in (w for w in workloads if caches[w.name] == cache):
+                    served = [w for w in workloads if caches[w.name] == cache]
+                    if any(w.version_every for w in served):
+                        if not adapters:
+                            adapters = make_adapters(work / "model", work, max(
+                                -(-w.prompts * w.epochs // w.version_every) for w in workloads if w.version_every))
+                        await warm_lora(http, fleet, adapters[0])
+                    for workload in served:
                         for repeat in repeats:
                             for k, policy in enumerate(policies):
                                 seed = zlib.crc32(f"{replicas}/{workload.name}/{repeat}/{k}".encode())
