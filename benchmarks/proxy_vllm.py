@@ -31,9 +31,9 @@ prefills, and its prompt-token imbalance is at most 1.10. Makespan and latency a
 engines on 2 shared cores measure contention as much as routing.
 
 Run: `python benchmarks/proxy_vllm.py` (2 replicas, 3 workloads, 4 policies, one repeat: about 6 minutes on this
-2-CPU machine), `--full` for every workload and policy on 2 and 4 replicas with 3 repeats (about 2 hours here;
-record it in pieces with --record and join them with --report). Everything listens on 127.0.0.1; every process it
-starts is stopped.
+2-CPU machine), `--full` for every workload and policy on 2 and 4 replicas with 3 repeats (about 2.5 hours here;
+record it in pieces with --record and --first-repeat, and join them with --report). Everything listens on
+127.0.0.1; every process it starts is stopped.
 """
 
 from __future__ import annotations
