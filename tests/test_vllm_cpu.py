@@ -9,17 +9,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import free_ports, grpo
+from conftest import RUN_ENV, free_ports, grpo_run
 
 from grpo_launch.cli import main
 
 pytestmark = pytest.mark.slow
-ENV = {"COLUMNS": "200"}
-def grpo_run(tmp_path: Path, *overrides: str):
-    result = grpo("run", f"run.root={tmp_path / 'runs'}", *overrides, *free_ports(*overrides), env=ENV, cwd=tmp_path,
-                  timeout=900)
-    found = re.search(r"run directory: (\S+)", result.stdout)
-    return result, Path(found.group(1)) if found else None
 
 
 def vllm_processes(under: Path) -> list[psutil.Process]:
@@ -33,7 +27,7 @@ def vllm_processes(under: Path) -> list[psutil.Process]:
 
 
 def test_a_server_that_fails_to_start_stops_the_run(tmp_path):
-    result, run_dir = grpo_run(tmp_path, "recipe=tiny-cpu-server", "vllm.extra_args=[--no-such-flag]")
+    result, run_dir = grpo_run(tmp_path, "recipe=tiny-cpu-server", "vllm.extra_args=[--no-such-flag]", timeout=900)
     assert result.returncode == 2, result.stdout[-3000:]  # vLLM's own exit code for a bad flag
     assert "failed: vllm exited with code 2 before it was ready" in result.stdout
     assert "unrecognized arguments: --no-such-flag" in result.stdout  # its log tail
@@ -62,7 +56,7 @@ def test_sigkill_of_grpo_leaves_no_process(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
                              "recipe=tiny-cpu-server", f"run.root={tmp_path / 'runs'}", "--grace", "5",
                              *free_ports()],
-                            cwd=tmp_path, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
+                            cwd=tmp_path, env={**os.environ, **RUN_ENV}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     seen, ranks = [], set()
     for line in proc.stdout:  # what the run says, not a guessed delay: the server is ready, both ranks started
