@@ -385,10 +385,11 @@ def test_slurm_forms(form, accepted, refused):
     assert [v for v in refused if form.fits(v)] == []
 
 
-@pytest.mark.parametrize("command", ["plan", "run"])
+@pytest.mark.parametrize("command", ["plan", "run", "rehearse"])
 def test_help_says_what_runs_as_written(command, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     assert main([command, "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
+    assert f"grpo {command} [OPTIONS] [recipe=NAME | RECIPE.yaml] [KEY=VALUE]..." in out  # a recipe file works in all
     assert "except scheduler.setup (shell commands) and scheduler.slurm.sbatch (sbatch options), which run as " \
            "written" in out

@@ -30,6 +30,14 @@ def _grace(seconds: float) -> float:
 
 GraceOption = typer.Option(GRACE_S, "--grace", metavar="S", callback=_grace, help="Seconds between SIGTERM and SIGKILL "
                                                                                "when stopping (0 to 600).")
+OverridesArgument = typer.Argument(
+    None, metavar="[recipe=NAME | RECIPE.yaml] [KEY=VALUE]...",
+    help="Hydra overrides: recipe=NAME (or the path of a recipe file), a group option (placement=server, "
+         "zero=3-offload, cluster=...), or any key (vllm.tensor_parallel_size=4, trainer.learning_rate=1e-6).")
+# Closes the examples of every command that writes a run directory.
+QUOTING_NOTE = ("Every value is quoted wherever a generated file or a printed command holds it, except scheduler.setup "
+                "(shell\ncommands) and scheduler.slurm.sbatch (sbatch options), which run as written. Pass secrets by "
+                "name: env.passthrough.\n")
 RecipesDirOption = typer.Option(
     None, "--recipes-dir", metavar="DIR",
     help="Add a directory of recipes (its recipe/, cluster/, model/, ... folders) ahead of the shipped ones; "

@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from grpo_launch.cli.app import RecipesDirOption, app, recipe_arguments
+from grpo_launch.cli.app import QUOTING_NOTE, OverridesArgument, RecipesDirOption, app, recipe_arguments
 
 EXAMPLES = """
 [bold]Examples[/]
@@ -23,17 +23,12 @@ EXAMPLES = """
   grpo plan -m recipe=qwen7b-server,qwen7b-colocate vllm.tensor_parallel_size=1,2,4 zero=2,3
                                                    12 layouts side by side (comma lists, range(), choice())
   grpo plan -m recipe=qwen72b-colocate placement.colocate.sleep_level=0,2 zero=3,3-offload --sort throughput --json
-Every value is quoted wherever a generated file or a printed command holds it, except scheduler.setup (shell
-commands) and scheduler.slurm.sbatch (sbatch options), which run as written. Pass secrets by name: env.passthrough.
-"""
+""" + QUOTING_NOTE
 
 
 @app.command(epilog=EXAMPLES)
 def plan(
-    overrides: list[str] | None = typer.Argument(
-        None, metavar="[recipe=NAME | RECIPE.yaml] [KEY=VALUE]...",
-        help="Hydra overrides: recipe=NAME (or the path of a recipe file), a group option (placement=server, "
-             "zero=3-offload, cluster=...), or any key (vllm.tensor_parallel_size=4, trainer.learning_rate=1e-6)."),
+    overrides: list[str] | None = OverridesArgument,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON (a stable contract) instead."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Also print the full text of every generated file."),
     memory: bool = typer.Option(False, "--memory", help="Show the memory estimate in full: every GPU and node, "

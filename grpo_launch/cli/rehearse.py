@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from grpo_launch.cli.app import GraceOption, RecipesDirOption, app, recipe_arguments
+from grpo_launch.cli.app import QUOTING_NOTE, GraceOption, OverridesArgument, RecipesDirOption, app, recipe_arguments
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -26,15 +26,14 @@ EXAMPLES = """
   grpo run recipe=qwen72b-colocate --rehearse      the same
   grpo rehearse recipe=qwen1.5b-async-lora         2 vLLM replicas, the proxy, LoRA adapters through it
   grpo rehearse recipe=my-recipe data.path=prompts.jsonl rewards='[{fn: my_rewards.py:score}]'
-"""
+""" + QUOTING_NOTE
 HUB_PROBE_S = 5.0
 STATUS_STYLE = {"kept": "green", "shrunk": "yellow", "could not": "red"}
 
 
 @app.command(epilog=EXAMPLES)
 def rehearse(
-    overrides: list[str] | None = typer.Argument(
-        None, metavar="[recipe=NAME] [KEY=VALUE]...", help="Hydra overrides, as for `grpo plan` and `grpo run`."),
+    overrides: list[str] | None = OverridesArgument,
     grace_s: float = GraceOption,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every line the processes print."),
     recipes_dir: list[str] | None = RecipesDirOption,

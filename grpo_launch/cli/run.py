@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from grpo_launch.cli.app import GraceOption, RecipesDirOption, app, recipe_arguments
+from grpo_launch.cli.app import QUOTING_NOTE, GraceOption, OverridesArgument, RecipesDirOption, app, recipe_arguments
 
 EXAMPLES = """
 [bold]Examples[/]
@@ -20,9 +20,7 @@ EXAMPLES = """
   grpo run recipe=tiny-cpu-async-lora              proxy + 2 CPU replicas, LoRA adapter versions through the proxy
   grpo run recipe=qwen72b-colocate --rehearse      its whole process graph small, here on CPU, before the GPUs
   grpo run recipe=qwen1.5b-async-lora scheduler=hf-jobs --preflight   the async post's Jobs, its bucket checked first
-Every value is quoted wherever a generated file or a printed command holds it, except scheduler.setup (shell
-commands) and scheduler.slurm.sbatch (sbatch options), which run as written. Pass secrets by name: env.passthrough.
-"""
+""" + QUOTING_NOTE
 
 
 def config_changes(old: dict, new: dict) -> list[str]:
@@ -84,8 +82,7 @@ def _resumed(run_dir: Path, overrides: list[str], recipes_dir: list[str]) -> tup
 
 @app.command(epilog=EXAMPLES)
 def run(
-    overrides: list[str] | None = typer.Argument(
-        None, metavar="[recipe=NAME | RECIPE.yaml] [KEY=VALUE]...", help="Hydra overrides, as for `grpo plan`."),
+    overrides: list[str] | None = OverridesArgument,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every command and file; write and start nothing."),
     resume: Path | None = typer.Option(
         None, "--resume", metavar="RUN_DIR", help="Continue a run from its newest checkpoint, with its stored "
