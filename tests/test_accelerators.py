@@ -27,4 +27,4 @@ def test_the_names_torch_gives_the_devices_resolve():
 
 def test_every_row_has_network_and_host_links_with_their_source():
     for a in ACCELERATORS:
-        assert a.inter_node_gbs > 0 and a.host_link_gbs > 0 and a.network_source
+        assert a.node.inter_node_gbs > 0 and a.node.host_link_gbs > 0 and a.node.source

@@ -21,71 +21,78 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class NodeLinks:
+    """The links of the server a GPU sits in, per GPU and in one direction."""
+
+    inter_node_gbs: float        # to other nodes, GB/s
+    host_link_gbs: float         # to the host's memory (ZeRO offload), GB/s
+    source: str                  # the server, and where its numbers come from
+
+
+PCIE_X16_GBS = {4: 32, 5: 64}    # a PCIe x16 link's GB/s each way, by generation
+
+
+def _links(server: str, nic: str, nic_gbit: int, gpus_per_nic: int, pcie_gen: int) -> NodeLinks:
+    """A server's links per GPU, from its NICs and the PCIe generation of its GPUs' host link."""
+    each = nic_gbit / 8 / gpus_per_nic
+    host = PCIE_X16_GBS[pcie_gen]
+    share = "one per GPU" if gpus_per_nic == 1 else f"one per {gpus_per_nic} GPUs"
+    return NodeLinks(each, host, f"{server}: {nic} {nic_gbit} Gb/s, {share} ({each:g} GB/s each); host link PCIe "
+                                 f"Gen{pcie_gen} x16 ({host} GB/s each way)")
+
+
+_DGX_A100 = _links("NVIDIA DGX A100 datasheet", "8 x ConnectX-6 HDR InfiniBand", 200, 1, 4)
+
+
+def _dgx_h(dgx: str) -> NodeLinks:
+    return _links(f"NVIDIA {dgx} datasheet", "8 x ConnectX-7", 400, 1, 5)
+
+
+def _pcie_server(nic_gbit: int, pcie_gen: int) -> NodeLinks:
+    return _links("assumed: a PCIe server", "NICs of", nic_gbit, 2, pcie_gen)
+
+
+@dataclass(frozen=True)
 class Accelerator:
     name: str                                  # as the plan and the report print it
     peak_bf16_tflops: float                    # dense bf16 tensor throughput, TFLOP/s
     memory_gib: float                          # device memory
     memory_bandwidth_gbs: float                # device memory bandwidth, GB/s (1e9 bytes)
     intra_node_gbs: float                      # GPU-to-GPU within a node, GB/s per GPU, one direction
-    intra_node_link: str                       # NVLink 4, PCIe Gen5, ...
+    intra_node_link: str                       # NVLink 4, PCIe Gen5 x16, ... (twice intra_node_gbs both ways)
     source: str                                # where the numbers come from
     aliases: tuple[str, ...] = ()
-    inter_node_gbs: float = field(kw_only=True)  # to other nodes, GB/s per GPU, one direction
-    host_link_gbs: float = field(kw_only=True)   # to the host's memory (ZeRO offload), GB/s per GPU, one direction
-    network_source: str = field(kw_only=True)    # the server those two links assume, and where its numbers come from
+    node: NodeLinks = field(kw_only=True)      # the server it sits in
 
-
-# The servers the network and host-link figures assume (see the module docstring).
-_DGX_H = ("{dgx} datasheet: 8 x ConnectX-7 400 Gb/s, one per GPU (50 GB/s each); host link PCIe Gen5 x16 "
-          "(64 GB/s each way)")
-_DGX_A100 = ("NVIDIA DGX A100 datasheet: 8 x ConnectX-6 200 Gb/s HDR InfiniBand, one per GPU (25 GB/s each); host "
-             "link PCIe Gen4 x16 (32 GB/s each way)")
-_PCIE_SERVER = ("assumed: a PCIe server with one {nic} Gb/s NIC per two GPUs ({each} GB/s each); host link PCIe "
-                "{gen} x16 ({host} GB/s each way)")
 
 ACCELERATORS: tuple[Accelerator, ...] = (
-    Accelerator("H100", 989.4, 80, 3350, 450, "NVLink 4 (900 GB/s both directions)",
+    Accelerator("H100", 989.4, 80, 3350, 450, "NVLink 4",
                 "NVIDIA H100 Tensor Core GPU datasheet, SXM5 column: BF16 Tensor Core 1,979 TFLOPS with sparsity "
                 "(989.4 dense), HBM3 3.35 TB/s, NVLink 900 GB/s",
-                aliases=("H100-SXM", "H100-80GB", "H100-SXM5", "H100 80GB HBM3"),
-                inter_node_gbs=50, host_link_gbs=64,
-                network_source=_DGX_H.format(dgx="NVIDIA DGX H100")),
-    Accelerator("H100-PCIe", 756.5, 80, 2000, 64, "PCIe Gen5 x16 (128 GB/s both directions)",
+                aliases=("H100-SXM", "H100-80GB", "H100-SXM5", "H100 80GB HBM3"), node=_dgx_h("DGX H100")),
+    Accelerator("H100-PCIe", 756.5, 80, 2000, 64, "PCIe Gen5 x16",
                 "NVIDIA H100 Tensor Core GPU datasheet, PCIe column: BF16 1,513 TFLOPS with sparsity (756.5 "
-                "dense), HBM2e 2 TB/s, PCIe Gen5 128 GB/s",
-                inter_node_gbs=25, host_link_gbs=64,
-                network_source=_PCIE_SERVER.format(nic=400, each=25, gen="Gen5", host=64)),
-    Accelerator("H200", 989.4, 141, 4800, 450, "NVLink 4 (900 GB/s both directions)",
+                "dense), HBM2e 2 TB/s, PCIe Gen5 128 GB/s", node=_pcie_server(400, 5)),
+    Accelerator("H200", 989.4, 141, 4800, 450, "NVLink 4",
                 "NVIDIA H200 Tensor Core GPU datasheet, SXM column: BF16 Tensor Core 1,979 TFLOPS with sparsity "
                 "(989.4 dense), HBM3e 4.8 TB/s, NVLink 900 GB/s", aliases=("H200-SXM", "H200-141GB"),
-                inter_node_gbs=50, host_link_gbs=64,
-                network_source=_DGX_H.format(dgx="NVIDIA DGX H200")),
-    Accelerator("A100-80GB", 312.0, 80, 2039, 300, "NVLink 3 (600 GB/s both directions)",
+                node=_dgx_h("DGX H200")),
+    Accelerator("A100-80GB", 312.0, 80, 2039, 300, "NVLink 3",
                 "NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column: BF16 Tensor Core 312 TFLOPS (624 with "
                 "sparsity), HBM2e 2,039 GB/s, NVLink 600 GB/s", aliases=("A100", "A100-SXM", "A100-SXM4-80GB"),
-                inter_node_gbs=25, host_link_gbs=32,
-                network_source=_DGX_A100),
-    Accelerator("A100-40GB", 312.0, 40, 1555, 300, "NVLink 3 (600 GB/s both directions)",
+                node=_DGX_A100),
+    Accelerator("A100-40GB", 312.0, 40, 1555, 300, "NVLink 3",
                 "NVIDIA A100 Tensor Core GPU datasheet, 40GB SXM column: BF16 Tensor Core 312 TFLOPS, HBM2 "
-                "1,555 GB/s, NVLink 600 GB/s", aliases=("A100-SXM4-40GB",),
-                inter_node_gbs=25, host_link_gbs=32,
-                network_source=_DGX_A100),
-    Accelerator("L40S", 362.05, 48, 864, 32, "PCIe Gen4 x16 (64 GB/s both directions)",
+                "1,555 GB/s, NVLink 600 GB/s", aliases=("A100-SXM4-40GB",), node=_DGX_A100),
+    Accelerator("L40S", 362.05, 48, 864, 32, "PCIe Gen4 x16",
                 "NVIDIA L40S datasheet: BF16 Tensor Core 362.05 TFLOPS (733 with sparsity), GDDR6 864 GB/s, "
-                "PCIe Gen4 x16 64 GB/s",
-                inter_node_gbs=12.5, host_link_gbs=32,
-                network_source=_PCIE_SERVER.format(nic=200, each=12.5, gen="Gen4", host=32)),
-    Accelerator("L4", 121.0, 24, 300, 32, "PCIe Gen4 x16 (64 GB/s both directions)",
+                "PCIe Gen4 x16 64 GB/s", node=_pcie_server(200, 4)),
+    Accelerator("L4", 121.0, 24, 300, 32, "PCIe Gen4 x16",
                 "NVIDIA L4 Tensor Core GPU datasheet: BF16 Tensor Core 242 TFLOPS with sparsity (121 dense), "
-                "GDDR6 300 GB/s, PCIe Gen4 x16 64 GB/s",
-                inter_node_gbs=6.25, host_link_gbs=32,
-                network_source=_PCIE_SERVER.format(nic=100, each=6.25, gen="Gen4", host=32)),
-    Accelerator("MI300X", 1307.4, 192, 5300, 448, "AMD Infinity Fabric (7 links, 896 GB/s both directions)",
+                "GDDR6 300 GB/s, PCIe Gen4 x16 64 GB/s", node=_pcie_server(100, 4)),
+    Accelerator("MI300X", 1307.4, 192, 5300, 448, "AMD Infinity Fabric, 7 links",
                 "AMD Instinct MI300X datasheet: peak BF16 1,307.4 TFLOPS dense, HBM3 5.3 TB/s, Infinity Fabric "
-                "aggregate peak 896 GB/s",
-                inter_node_gbs=50, host_link_gbs=64,
-                network_source="AMD Instinct MI300X platform: one 400 Gb/s NIC per GPU (50 GB/s each); host link "
-                "PCIe Gen5 x16 (64 GB/s each way)"),
+                "aggregate peak 896 GB/s", node=_links("AMD Instinct MI300X platform", "NICs of", 400, 1, 5)),
 )
 
 _ROWS = {re.sub(r"[\s_-]", "", n).lower(): a for a in ACCELERATORS for n in (a.name, *a.aliases)}

@@ -150,7 +150,7 @@ class StepModel:
 
     def _trainer_link(self) -> float:
         """Bytes/s per GPU of the trainer ranks' collectives: a ring across nodes runs at the network's rate."""
-        return (self.acc.intra_node_gbs if self.trainer_nodes == 1 else self.acc.inter_node_gbs) * GB
+        return (self.acc.intra_node_gbs if self.trainer_nodes == 1 else self.acc.node.inter_node_gbs) * GB
 
     @cached_property
     def trainable(self) -> int:
@@ -194,13 +194,13 @@ class StepModel:
         elif not z.stage and not sharded and world > 1:  # DDP's all-reduce
             seconds += 2 * 2 * self.trainable * share / link
         if z.offload_optimizer:  # fp32 gradients down, bf16 weights up; CPU Adam over the node's partitions
-            seconds += per_rank * 6 / (self.acc.host_link_gbs * GB)
+            seconds += per_rank * 6 / (self.acc.node.host_link_gbs * GB)
             seconds += per_rank * world / self.trainer_nodes * ADAM_BYTES_PER_PARAMETER / (HOST_MEMORY_GBS * GB)
         else:
             seconds += per_rank * ADAM_BYTES_PER_PARAMETER / (self.acc.memory_bandwidth_gbs * GB * HBM_EFFICIENCY)
         if z.offload_param:  # the weights come up from host memory in every pass
             seconds += self.batch.micro_batches * (passes - 1) * 2 * self.parameters / world \
-                / (self.acc.host_link_gbs * GB)
+                / (self.acc.node.host_link_gbs * GB)
         return seconds
 
     # ---- generation ----
@@ -276,7 +276,7 @@ class StepModel:
 
     def broadcast_s(self, across_nodes: bool) -> float:
         """The whole model sent from trainer rank 0 to a server's GPUs over NCCL."""
-        link = self.acc.inter_node_gbs if across_nodes else self.acc.intra_node_gbs
+        link = self.acc.node.inter_node_gbs if across_nodes else self.acc.intra_node_gbs
         return self.dtype_bytes * self.parameters / (link * GB)
 
 
