@@ -12,6 +12,7 @@ seconds of the whole process tree (what grpo-launch itself adds, whatever else r
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import re
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+import grpo_launch
 from grpo_launch.compose import compose
 from grpo_launch.plan import build_plan
 
@@ -109,6 +111,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds at each step count (median)")
     parser.add_argument("--steps", type=int, nargs="+", default=[20, 100])
     args = parser.parse_args()
+    # As a wheel's install does: an editable checkout under PYTHONDONTWRITEBYTECODE would compile every module of
+    # grpo-launch in `grpo run` and in each trainer rank at every start, which no installed copy does.
+    compileall.compile_dir(Path(grpo_launch.__file__).parent, quiet=1)
     work = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
     model = work / "model"  # where the recipe's build step writes (--out model, relative to the run directory)
     (build_model,) = build_plan(compose(["recipe=tiny-cpu"])).prepare  # the recipe's own model, built once
