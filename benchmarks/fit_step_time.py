@@ -1,7 +1,7 @@
 """Fit the step-time model's four fitted constants on four of the seeds' numbers, then print every seed case
 (fit and held out) with its error: the table of docs/performance-model.md.
 
-    python benchmarks/fit_step_time.py          # the fit, beside the constants in grpo_launch/plan/step_time.py
+    python benchmarks/fit_step_time.py          # the fit, beside the constants in grpo_launch/estimate/step_time.py
 
 The fit, in order (each step holds what the earlier ones fixed):
 1. MATMUL_EFFICIENCY and LAYER_PASS_S from the async post's median steps, run 1 (22.9 s) and run 5 (4.8 s). Both
@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import seed_cases  # noqa: E402
 
-import grpo_launch.plan.step_time as model  # noqa: E402
+import grpo_launch.estimate.step_time as model  # noqa: E402
+from grpo_launch.contracts.phases import Phase  # noqa: E402
 
 FITTED = ("MATMUL_EFFICIENCY", "LAYER_PASS_S", "DECODE_STEP_S", "DECODE_SEQUENCE_S")
 RUN3_TOKENS_PER_S = 25_000
@@ -37,7 +38,7 @@ def _set(**values: float) -> None:
 
 
 def _training_s(run: tuple[str, ...]) -> float:
-    return seed_cases.predict(*run).phase("training").seconds
+    return seed_cases.predict(*run).phase(Phase.TRAIN).seconds
 
 
 def fit_training() -> tuple[float, float]:

@@ -128,8 +128,7 @@ def worker(run_dir: Path) -> None:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from grpo_launch.contracts.plan import load_plan
-    from grpo_launch.contracts.rundir import PLAN_FILE
+    from grpo_launch.contracts.rundir import read_plan
     from grpo_launch.trainer import main as trainer_main
 
     device = Device()
@@ -181,7 +180,7 @@ def worker(run_dir: Path) -> None:
         return {**kwargs, "callbacks": [*kwargs["callbacks"], Steps()]}
 
     trainer_main._common = with_steps
-    trainer_main.train(load_plan(PLAN_FILE))
+    trainer_main.train(read_plan(trainer_main.RUN_DIR))
     Path(MEASURED).write_text(json.dumps({"steps": steps}, indent=1))
 
 
@@ -194,10 +193,10 @@ def _median(steps: list[dict], key: str) -> float:
 
 def _predicted_at(composed, plan, measured: list[dict]) -> float:
     """The training phase the model predicts at the measured lengths (padded prompt and completion widths)."""
-    from grpo_launch.contracts.accelerators import accelerator
+    from grpo_launch.estimate.accelerators import accelerator
+    from grpo_launch.estimate.step_time import Lengths, StepModel
     from grpo_launch.plan.model import resolve_model
     from grpo_launch.plan.placements import placement_of
-    from grpo_launch.plan.step_time import Lengths, StepModel
 
     kept = measured[WARMUP_STEPS:] or measured
     prompt = statistics.median(s["prompt_width"] for s in kept)
@@ -218,6 +217,7 @@ def _estimate(plan) -> dict:
 
 def check(args) -> int:
     from grpo_launch.compose import compose
+    from grpo_launch.contracts.phases import Phase
     from grpo_launch.materialize import materialize
     from grpo_launch.plan import build_plan
 
@@ -232,7 +232,7 @@ def check(args) -> int:
     for stage in STAGES:
         composed = compose(overrides(args, stage, model_dir, planned_for))
         plan = build_plan(composed)
-        training = plan.prediction.phase("training")
+        training = plan.prediction.phase(Phase.TRAIN)
         estimate = _estimate(plan)
         print(f"ZeRO-{stage} on {planned_for['name']}: training predicted {training.seconds:.2f} s a step "
               f"({training.detail}); memory estimate {estimate['training_gib']:.1f} GiB training, "
@@ -266,7 +266,7 @@ def check(args) -> int:
             continue
         measured = json.loads((run_dir / MEASURED).read_text())["steps"]
         results.append({"stage": stage, "failed": False, "wall_s": time.perf_counter() - started,
-                        "steps": measured, "predicted_training_s": plan.prediction.phase("training").seconds,
+                        "steps": measured, "predicted_training_s": plan.prediction.phase(Phase.TRAIN).seconds,
                         "predicted_training_at_measured_s": _predicted_at(composed, plan, measured),
                         "estimate": _estimate(plan), "gpu": device})
     table = report(results)

@@ -6,9 +6,9 @@ Sweep target: `grpo plan -m recipe=qwen7b-server,qwen7b-colocate vllm.tensor_par
 most 3x one `grpo plan recipe=qwen7b-server`, warm and cold alike (Hydra composes each of the 4 choices of group
 options once; the 3 TP values are key overrides applied to a copy).
 
-Prediction target: the step-time prediction (grpo_launch.plan.step_time) adds at most 10% to that sweep's planning,
-measured in this process: the same 12 combinations composed and planned with the prediction and with it replaced by
-nothing, interleaved, median of each.
+Prediction target: the step-time prediction (grpo_launch.estimate.step_time) adds at most 10% to that sweep's
+planning, measured in this process: the same 12 combinations composed and planned with the prediction and with it
+replaced by nothing, interleaved, median of each.
 
 `grpo plan` keeps each successful composition in a cache (grpo_launch/compose/cache.py), so planning a recipe again
 skips Hydra. Both are measured: "warm" is a repeated `grpo plan` (the cache answers), "cold" has the cache off

@@ -57,6 +57,15 @@ def collect(*checks: Callable[[], object]) -> None:
         raise UserErrors(found)
 
 
+def yaml_problem(e: Exception) -> str:
+    """What is wrong with a YAML file, on one line: the parser's problem and where (a YAML error's mark), or the
+    reading error."""
+    mark = getattr(e, "problem_mark", None)
+    if mark is not None:
+        return f"{getattr(e, 'problem', None) or 'not YAML'} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(e).split())
+
+
 def did_you_mean(word: str, candidates: Iterable[str], *, prefix: str = "") -> str:
     """A "; did you mean 'x'?" suffix naming the closest candidate, or "" when nothing is close."""
     matches = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from functools import cache
 
 from grpo_launch.compose import Composed, compose
-from grpo_launch.contracts.accelerators import accelerator
 from grpo_launch.contracts.performance import StepPrediction
+from grpo_launch.estimate.accelerators import accelerator
+from grpo_launch.estimate.step_time import StepModel
 from grpo_launch.plan import build_plan
 from grpo_launch.plan.model import resolve_model
 from grpo_launch.plan.placements import placement_of
-from grpo_launch.plan.step_time import StepModel
 
 BATCHES = (8, 16, 32)          # the batch sweeps' per-device batches (assumption)
 TPS = (1, 2, 4)                # the colocated TP sweeps
@@ -62,7 +62,7 @@ def generation_rate(*overrides: str) -> float:
     plan = build_plan(c)
     model = StepModel(c.config, plan, resolve_model(c.config).resolved.shape, accelerator(c.config.cluster.gpu_type),
                       placement_of(c.config))
-    in_flight = model.arg("max_inflight_tasks")
+    in_flight = plan.batch.rollouts.max_inflight_tasks
     running = in_flight / len(plan.engines)
     return len(plan.engines) * running / model.decode_step_s(plan.vllm.tensor_parallel_size, running)
 

@@ -93,9 +93,9 @@ def assert_all_dead(pids: list[int], within_s: float = 10) -> None:
 def supervise_in_subprocess(plan: dict, tmp_path: Path, grace_s: float, before: str = "") -> subprocess.Popen:
     """The supervisor in a process of its own, to signal it; `before` (Python) runs first."""
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    code = (f"{before}\nimport sys; from pathlib import Path; from grpo_launch.contracts.plan import load_plan; "
+    code = (f"{before}\nimport sys; from pathlib import Path; from grpo_launch.contracts.rundir import read_plan; "
             "from grpo_launch.launch.supervisor import supervise; "
-            f"sys.exit(supervise(load_plan('plan.json'), Path('.').resolve(), grace_s={grace_s}).code)")
+            f"sys.exit(supervise(read_plan(Path('.')), Path('.').resolve(), grace_s={grace_s}).code)")
     return subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
 

@@ -1,4 +1,4 @@
-from grpo_launch.contracts.accelerators import ACCELERATORS, accelerator, known_types
+from grpo_launch.estimate.accelerators import ACCELERATORS, accelerator, known_types
 
 
 def test_every_row_has_positive_figures_and_a_source():

@@ -50,7 +50,7 @@ def records(path, steps, *, start=1000.0, step_s=2.0, total=None):
 
 def test_the_training_view_reads_step_reward_trend_loss_kl_length_pace_and_eta(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
-    view = TrainingView(metrics, total_steps=20)
+    view = TrainingView(tmp_path, total_steps=20)
     assert not view.update()  # no file yet
     records(metrics, range(1, 11))
     with metrics.open("a") as f:
@@ -67,7 +67,7 @@ def test_the_training_view_shows_the_measured_split_and_throughput(tmp_path):
     from grpo_launch.trainer.measure import COUNTS, step_record
 
     metrics = tmp_path / "metrics.jsonl"
-    view = TrainingView(metrics, total_steps=20, per=(2, "CPU process"))
+    view = TrainingView(tmp_path, total_steps=20, per=(2, "CPU process"))
     with metrics.open("a") as f:
         for step, (generate, train, wait) in enumerate([(5.0, 1.0, 0.0), (0.5, 0.3, 0.2), (0.6, 0.2, 0.0)], 1):
             start = 100.0 + step
@@ -94,7 +94,7 @@ def test_without_a_terminal_plain_lines_at_a_steady_cadence(tmp_path, monkeypatc
     monkeypatch.setattr(display.time, "monotonic", lambda: clock[0])
     shown, out = _display()
     metrics = tmp_path / "metrics.jsonl"
-    shown.training(metrics, 30)
+    shown.training(tmp_path, 30)
     for line in LINES:
         shown.line("trainer", line)
     for step in range(1, 31):
@@ -124,7 +124,7 @@ def test_in_a_terminal_the_view_is_redrawn_in_place(tmp_path):
     shown, out = _display(terminal=True)
     metrics = tmp_path / "metrics.jsonl"
     with shown:
-        shown.training(metrics, 20)
+        shown.training(tmp_path, 20)
         records(metrics, range(1, 5))
         shown.tick()
         shown.line("trainer", RECORD)
@@ -146,7 +146,7 @@ def wait_until(condition, within_s: float = 30) -> None:
 
 def test_the_curve_is_drawn_once_training_logs_its_closing_record(tmp_path):
     """While the trainer's processes tear down, not after: the plotter draws on the closing record by itself."""
-    from grpo_launch.launch.curves import CurvePlotter
+    from grpo_launch.report.plots import CurvePlotter
 
     metrics = tmp_path / "metrics.jsonl"
     records(metrics, range(1, 4), total=3)  # a resumed run's earlier segment: its closing record is old
@@ -161,7 +161,7 @@ def test_the_curve_is_drawn_once_training_logs_its_closing_record(tmp_path):
 
 
 def test_a_run_without_a_closing_record_is_drawn_when_it_ends(tmp_path):
-    from grpo_launch.launch.curves import CurvePlotter
+    from grpo_launch.report.plots import CurvePlotter
 
     plotter = CurvePlotter(tmp_path, "test")
     assert plotter.finish() is None  # nothing logged: nothing to draw

@@ -3,7 +3,8 @@
 import json
 from pathlib import Path
 
-from grpo_launch.compose import trl_fields
+from grpo_launch.compose import trl_checks
+from grpo_launch.contracts import trl_fields
 from grpo_launch.plan import reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,11 +17,11 @@ def test_trl_field_list_matches_installed_trl():
     generated = trl_fields.generate()
     assert generated["trl_version"] == trl.__version__
     assert json.loads(trl_fields.FIELDS_FILE.read_text()) == json.loads(json.dumps(generated)), (
-        "regenerate with: python -m grpo_launch.compose.trl_fields --write")
+        "regenerate with: python -m grpo_launch.contracts.trl_fields --write")
 
 
 def test_removed_fields_are_really_gone():
-    for name in trl_fields.REMOVED_FIELDS:
+    for name in trl_checks.REMOVED_FIELDS:
         assert name not in trl_fields.fields_of("GRPOConfig")
 
 

@@ -13,8 +13,9 @@ from conftest import ROOT, free_port
 
 from grpo_launch.compose import compose
 from grpo_launch.contracts import tiny
+from grpo_launch.contracts.phases import Phase
+from grpo_launch.estimate.catalog import shape_from_config
 from grpo_launch.materialize import materialize
-from grpo_launch.memory.catalog import shape_from_config
 from grpo_launch.plan import build_plan
 
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -80,7 +81,7 @@ def test_the_worker_times_a_real_run_and_the_report_compares_it(tmp_path):
     gpu_plan = build_plan(gpu_composed)
     at_measured = gpu_check._predicted_at(gpu_composed, gpu_plan, steps)
     table = gpu_check.report([{"stage": 2, "failed": False, "steps": steps, "gpu": gpu,
-                               "predicted_training_s": gpu_plan.prediction.phase("training").seconds,
+                               "predicted_training_s": gpu_plan.prediction.phase(Phase.TRAIN).seconds,
                                "predicted_training_at_measured_s": at_measured,
                                "estimate": gpu_check._estimate(gpu_plan)}])
     assert gpu_plan.prediction.accelerator == "H100" and at_measured > 0

@@ -20,8 +20,9 @@ from conftest import RUN_ENV, grpo
 from hf_jobs_standin import StandIn, missing
 
 from grpo_launch.compose import compose
+from grpo_launch.contracts.rundir import read_metrics
 from grpo_launch.contracts.schedulers import run_group
-from grpo_launch.launch import curves, prepared
+from grpo_launch.launch import prepared
 from grpo_launch.materialize import materialize
 from grpo_launch.plan import build_plan
 
@@ -179,7 +180,7 @@ def test_the_async_lora_recipe_runs_as_jobs_end_to_end(standin, start, tmp_path)
 
     # Training happened in the Jobs and came back: every step, adapters through the read-only mount.
     run_dir = run.run_dir
-    assert [r["step"] for r in curves.read_metrics(run_dir)] == list(range(1, 9))
+    assert [r["step"] for r in read_metrics(run_dir).training] == list(range(1, 9))
     assert (run_dir / "reward_curve.png").is_file() and "training finished at step 8" in \
         (run_dir / "logs" / "trainer.log").read_text()
     assert f"path '{mount}/checkpoints/.vllm_lora/trl-policy-v" in (run_dir / "logs" / "vllm-0.job.log").read_text()
@@ -188,7 +189,7 @@ def test_the_async_lora_recipe_runs_as_jobs_end_to_end(standin, start, tmp_path)
 
     first_submit = min(t for t, job_id, what, _ in standin.record if job_id == job_of(run, "vllm-0").id
                        and what == "submitted")
-    first_step = curves.read_metrics(run_dir)[0]["time"]
+    first_step = read_metrics(run_dir).training[0]["time"]
     print(f"\nhf-jobs stand-in: first vLLM Job submitted to the first training step: {first_step - first_submit:.1f} s "
           f"(grpo run to the end: {time.time() - run.started:.1f} s)")
 
@@ -222,7 +223,7 @@ def test_hf_jobs_sh_replays_the_run_by_hand(standin, tmp_path):
         time.sleep(0.2)
     assert sorted((j.spec["labels"]["name"].removeprefix(group + "-"), j.stage) for j in mine) == \
         [("trainer", "COMPLETED"), ("vllm-0", "CANCELED")]
-    assert [r["step"] for r in curves.read_metrics(run_dir)] == [1, 2, 3]  # brought back from the bucket
+    assert [r["step"] for r in read_metrics(run_dir).training] == [1, 2, 3]  # brought back from the bucket
     assert not standin.processes_left()
 
 

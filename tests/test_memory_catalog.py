@@ -5,7 +5,7 @@ import json
 import pytest
 
 from grpo_launch.compose.schema import Model
-from grpo_launch.memory import catalog
+from grpo_launch.estimate import catalog
 
 # Published sizes: the Qwen2.5 and Qwen3 model cards ("Number of Parameters", "Number of Parameters
 # (Non-Embedding)") and the hub's safetensors parameter counts for Llama (billions).

@@ -5,7 +5,7 @@ from conftest import replanned
 
 from grpo_launch.compose import compose
 from grpo_launch.contracts.memory import GIB
-from grpo_launch.memory import catalog
+from grpo_launch.estimate import catalog
 
 deepspeed = pytest.importorskip("deepspeed")
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs, model_to_params  # noqa: E402

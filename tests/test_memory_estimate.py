@@ -8,8 +8,8 @@ from conftest import replanned
 from grpo_launch.compose import compose
 from grpo_launch.contracts.memory import GIB
 from grpo_launch.contracts.plan import Colocated
-from grpo_launch.memory.catalog import CATALOG
-from grpo_launch.memory.estimate import estimate
+from grpo_launch.estimate.catalog import CATALOG
+from grpo_launch.estimate.memory import estimate
 from grpo_launch.plan import build_plan
 from grpo_launch.plan.model import resolve_model
 from grpo_launch.plan.placements import PLACEMENTS

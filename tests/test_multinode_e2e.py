@@ -13,7 +13,7 @@ import psutil
 import pytest
 from conftest import RUN_ENV, free_port, grpo_run
 
-from grpo_launch.launch import curves
+from grpo_launch.contracts.rundir import read_metrics
 
 pytestmark = pytest.mark.slow
 STEPS = 3
@@ -49,7 +49,7 @@ def test_two_loopback_nodes_train(tmp_path, case):
     # every rank really runs, each on its own node's launcher
     assert ranks(run_dir, "trainer-node0") == {(r, world) for r in range(per_node)}
     assert ranks(run_dir, "trainer-node1") == {(r, world) for r in range(per_node, world)}
-    assert curves.read_metrics(run_dir)[-1]["step"] == STEPS
+    assert read_metrics(run_dir).training[-1]["step"] == STEPS
 
 
 def _started(line: str) -> tuple[str, int] | None:

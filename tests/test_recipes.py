@@ -124,11 +124,12 @@ PAIR_DIFFERENCES = {
 def test_the_colocate_posts_pairs_differ_only_in_their_placement():
     from grpo_launch.cli.run import config_changes
     from grpo_launch.compose import compose
-    from grpo_launch.materialize import config_document
+    from grpo_launch.materialize import composed_config
 
     for size in ("1.5b", "7b", "72b"):
         colocate, server = (compose([f"recipe=qwen{size}-{kind}"]) for kind in ("colocate", "server"))
-        changed = {c.split(":")[0] for c in config_changes(config_document(colocate), config_document(server))}
+        old, new = composed_config(colocate).document(), composed_config(server).document()
+        changed = {c.split(":")[0] for c in config_changes(old, new)}
         changed -= {"recipe", "description", "choices.recipe", "choices.placement", "choices.cluster"}
         assert changed <= set(PAIR_DIFFERENCES), (size, changed - set(PAIR_DIFFERENCES))
         assert colocate.config.trainer == server.config.trainer  # the same per-device batch, steps, everything

@@ -11,7 +11,7 @@ import pytest
 from conftest import RUN_ENV, free_ports, grpo
 from engine import final_metrics, total
 
-from grpo_launch.launch import curves
+from grpo_launch.contracts.rundir import read_metrics
 
 pytestmark = pytest.mark.slow
 USER_RECIPE = """\
@@ -123,7 +123,7 @@ def test_qwen15b_async_lora_rehearses_replicas_proxy_and_adapters(tmp_path):
     assert re.search(r"vLLM servers\s+6\s+2", out)
     for replica in ("vllm-0", "vllm-1"):  # both replicas loaded the adapters the trainer published
         assert "Loaded new LoRA adapter" in (run_dir / "logs" / f"{replica}.log").read_text()
-    assert curves.read_metrics(run_dir)[-1]["step"] == 2
+    assert read_metrics(run_dir).training[-1]["step"] == 2
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def test_a_users_reward_function_and_dataset_are_rehearsed_on_real_completions(u
     result, run_dir = user_rehearsal(user)
     out = result.stdout
     assert result.returncode == 0, out[-5000:]
-    records = curves.read_metrics(run_dir)
+    records = read_metrics(run_dir).training
     assert records[-1]["step"] == 2 and all("rewards/exact/mean" in r for r in records)  # TRL called it
     assert re.search(r"rewards\s+my_rewards.py:exact\s+as is\s+kept", out)
     assert re.search(r"data\s+files \S+sums.jsonl \(columns question, answer\)\s+the first 64 rows", out)

@@ -11,6 +11,8 @@ from conftest import grpo
 from grpo_launch.cli import main
 from grpo_launch.compose import compose
 from grpo_launch.contracts import measures as m
+from grpo_launch.contracts import rundir
+from grpo_launch.contracts.phases import Phase
 from grpo_launch.errors import UserError
 from grpo_launch.plan import build_plan
 from grpo_launch.report import compare, diagnosis, run, summary
@@ -23,7 +25,7 @@ def share(start, phases, *, completions=0, tokens=(0, 0), samples=0, flops=0.0, 
     for phase, seconds in phases.items():
         segments.append([phase, t, t + seconds])
         t += seconds
-    return {"start": start, "end": t, "phases": {p: phases.get(p, 0.0) for p in m.PHASES}, "segments": segments,
+    return {"start": start, "end": t, "phases": {p: phases.get(p, 0.0) for p in Phase}, "segments": segments,
             "counts": {m.COMPLETIONS: completions, m.PROMPT_TOKENS: tokens[0], m.COMPLETION_TOKENS: tokens[1],
                        m.SAMPLES_TRAINED: samples, m.TRAIN_FLOPS: flops},
             "staleness": [sum(staleness), max(staleness, default=0), len(staleness)]}
@@ -31,24 +33,24 @@ def share(start, phases, *, completions=0, tokens=(0, 0), samples=0, flops=0.0, 
 
 def write_run(path, overrides, steps, *, rewards=None, partial=False):
     """A run directory of `overrides`' real plan; `steps`: per step, the list of rank shares' keyword arguments."""
-    plan = build_plan(compose(overrides))
+    composed = compose(overrides)
+    plan = build_plan(composed)
     path.mkdir(parents=True)
-    (path / "plan.json").write_text(json.dumps(plan.to_json()))
-    (path / "overrides.yaml").write_text(json.dumps({"overrides": overrides, "recipes_dirs": []}))
+    (path / "plan.json").write_text(rundir.plan_text(plan))
+    (path / "overrides.yaml").write_text(rundir.overrides_text(rundir.Overrides(composed.recipe, tuple(overrides),
+                                                                                ())))
     t = 1000.0
-    (path / "logs").mkdir()
-    with (path / "metrics.jsonl").open("w") as f:
-        for step, ranks in enumerate(steps, 1):
-            shares = [share(t, **rank) for rank in ranks]
-            for r, one in enumerate(shares):  # each rank's timeline, in its own file
-                measure.append_record(path / "logs" / f"trainer-rank{r}.timeline.jsonl",
-                                      {"step": step, "segments": one.pop("segments")})
-            record = measure.step_record(step, shares)
-            t = record["time"]
-            f.write(json.dumps(record) + "\n")
-            reward = rewards[step - 1] if rewards else step / 10
-            f.write(json.dumps({"step": step, "time": t, "reward": reward, "reward_std": 0.1, "loss": 0.0}) + "\n")
-        if partial:
+    for step, ranks in enumerate(steps, 1):
+        shares = [share(t, **rank) for rank in ranks]
+        for r, one in enumerate(shares):  # each rank's timeline, in its own file
+            rundir.append_timeline(path, r, step, one.pop("segments"))
+        record = measure.step_record(step, shares)
+        t = record["time"]
+        rundir.append_metrics(path, record)
+        reward = rewards[step - 1] if rewards else step / 10
+        rundir.append_metrics(path, {"step": step, "time": t, "reward": reward, "reward_std": 0.1, "loss": 0.0})
+    if partial:
+        with (path / "metrics.jsonl").open("a") as f:
             f.write('{"step": 99, "time"')
     return path
 
@@ -165,7 +167,7 @@ def test_a_skypilot_run_says_how_its_metrics_come_here(tmp_path):
     assert "grpo report --fetch" in found.value.hint and "on node 0" in found.value.message
     from grpo_launch.launch.schedulers import LAUNCHERS
 
-    fetch = LAUNCHERS["skypilot"].logs(plan, tmp_path, None).fetch
+    fetch = LAUNCHERS["skypilot"].logs(plan, tmp_path).fetch
     assert fetch[0] == "rsync" and "grpo-tiny-cpu:~/sky_workdir/" in fetch
 
 
@@ -196,6 +198,16 @@ def test_trainer_bound_names_gradient_checkpointing_and_micro_batches_of_one(tmp
     assert found[0].kind == "trainer-bound" and "waited for rollouts 9%" in found[0].text
     assert ("trainer.gradient_checkpointing", True) in [(f.knob, f.value) for f in found]
     assert ("trainer.token_budget", None) in [(f.knob, f.value) for f in found]
+
+
+def test_a_trainer_bound_grpo_run_of_micro_batches_of_one_names_the_batch(tmp_path):
+    """GRPOTrainer has no token budget: the diagnosis once looked `token_budget` up among GRPOConfig's fields and
+    failed with a KeyError for every trainer-bound run of one sequence per micro-batch."""
+    overrides = ["recipe=qwen7b-server", "trainer.per_device_train_batch_size=1", "trainer.steps_per_generation=4"]
+    path = write_run(tmp_path / "run", overrides, steady_steps(4, 6, {"generate": 1.0, "train": 9.0}))
+    found = diagnosis.diagnose(summary.summarize(run.read_run(path)))
+    assert found[0].kind == "trainer-bound"
+    assert ("trainer.per_device_train_batch_size", 1) in [(f.knob, f.value) for f in found]
 
 
 def test_async_starved_names_the_requests_in_flight(tmp_path):
@@ -339,7 +351,7 @@ def test_a_gpu_runs_report_puts_the_plans_prediction_beside_what_was_measured(tm
     path = write_run(tmp_path / "server", ["recipe=qwen1.5b-server"], [[steady] * 7] * 4)
     prediction = run.read_run(path).plan.prediction
     predicted = {r.key: r.value for r in summary.predicted_rows(prediction)}
-    assert predicted["phase/generate"] == f"{100 * prediction.phase('generation').seconds / prediction.step_s:.1f}%"
+    assert predicted["phase/generate"] == f"{100 * prediction.phase(Phase.GENERATE).seconds / prediction.step_s:.1f}%"
     assert predicted["mfu"] == f"{100 * prediction.mfu:.1f}%"
     assert set(predicted) <= {r.key for r in summary.rows(summary.summarize(run.read_run(path)))}
     assert main(["report", str(path), "--no-plots"]) == 0

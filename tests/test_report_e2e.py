@@ -17,6 +17,7 @@ from conftest import RUN_ENV, free_ports, grpo, grpo_run
 from engine import SYNC_CHECK, assert_generation_followed_training
 
 from grpo_launch.contracts import measures as m
+from grpo_launch.contracts.phases import Phase
 from grpo_launch.report import run, summary
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,7 @@ def assert_phases_add_up(records: list[dict], ranks: int) -> None:
             assert abs(sum(rank["phases"].values()) - (rank["end"] - rank["start"])) < RANK_TOLERANCE_S, rank
         # the step's phases are the ranks' mean, so they add up to the mean window (the ranks end a step a few ms
         # apart, more on a loaded machine); the step's time is rank 0's window
-        phases = sum(record[m.phase_key(p)] for p in m.PHASES)
+        phases = sum(record[p.key] for p in Phase)
         windows = [rank["end"] - rank["start"] for rank in record[m.RANKS]]
         assert abs(phases - sum(windows) / ranks) < RANK_TOLERANCE_S, record
         assert abs(record[m.STEP_S] - windows[0]) < RANK_TOLERANCE_S, record
@@ -69,7 +70,7 @@ def assert_report_matches(run_dir: Path, units: tuple[int, int]) -> dict:
     assert shown["completions_per_s"]["per_unit_held"] == pytest.approx(completions / seconds / held)
     assert shown["tokens_per_s"]["per_training_unit"] == pytest.approx(tokens / seconds / training)
     generate = sum(r["phase/generate_s"] for r in steady)
-    phases = sum(r[m.phase_key(p)] for r in steady for p in m.PHASES)
+    phases = sum(r[p.key] for r in steady for p in Phase)
     assert shown["phase_share"]["generate"] == pytest.approx(generate / phases)
     assert shown["samples_trained"] == sum(r[m.SAMPLES_TRAINED] for r in measure_records(run_dir)) \
         == STEPS * 2 * 16  # 2 ranks x 16 completions a step

@@ -14,7 +14,8 @@ import pytest
 from conftest import RUN_ENV as ENV
 from conftest import free_port, grpo, grpo_run
 
-from grpo_launch.launch import curves
+from grpo_launch.contracts.rundir import read_metrics
+from grpo_launch.report.summary import quarters
 
 pytestmark = pytest.mark.slow
 def ranks_started(run_dir: Path) -> set[str]:
@@ -22,7 +23,7 @@ def ranks_started(run_dir: Path) -> set[str]:
 
 
 def rewards(run_dir: Path) -> tuple[float, float]:
-    return curves.quarters([r["reward"] for r in curves.read_metrics(run_dir)])
+    return quarters([r["reward"] for r in read_metrics(run_dir).training])
 
 
 CASES = {
@@ -45,7 +46,7 @@ def test_tiny_cpu_trains(tmp_path, case):
     first, last = rewards(run_dir)
     assert last - first > rise, (first, last)
     steps = json.loads((run_dir / "plan.json").read_text())["trainer_args"]["max_steps"]
-    assert curves.read_metrics(run_dir)[-1]["step"] == steps
+    assert read_metrics(run_dir).training[-1]["step"] == steps
 
 
 def first_token_probability(model_dir: Path, adapter: Path | None, token: str, prompts: list[str]) -> float:
@@ -125,7 +126,7 @@ def test_run_directory_is_complete_and_launch_sh_replays(tmp_path):
                           cwd="/")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (replay / "model" / "config.json").exists()  # launch.sh built the model itself
-    assert curves.read_metrics(replay)[-1]["step"] == 20
+    assert read_metrics(replay).training[-1]["step"] == 20
     assert "training finished at step 20" in (replay / "logs" / "trainer.log").read_text()
 
 
@@ -157,7 +158,7 @@ def test_resume_after_interruption(tmp_path):
     log = (run_dir / "logs" / "trainer.log").read_text()
     assert re.search(r"resuming from \S+/checkpoint-(4|8|12)", log)
     # Every step from 1 to 16 is logged, the steps after the checkpoint by the resumed run.
-    assert [r["step"] for r in curves.read_metrics(run_dir)] == list(range(1, 17))
+    assert [r["step"] for r in read_metrics(run_dir).training] == list(range(1, 17))
 
 
 def test_dry_run_writes_nothing(tmp_path):
@@ -240,4 +241,4 @@ def test_a_terminal_shows_the_compact_view_in_place(tmp_path):
     assert "trainer │ [grpo-launch] training finished at step 20" in text
     assert "{'loss'" not in text
     (run_dir,) = (tmp_path / "runs" / "tiny-cpu").iterdir()
-    assert "{'loss'" in (run_dir / "logs" / "trainer.log").read_text() and len(curves.read_metrics(run_dir)) == 20
+    assert "{'loss'" in (run_dir / "logs" / "trainer.log").read_text() and len(read_metrics(run_dir).training) == 20

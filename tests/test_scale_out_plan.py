@@ -191,7 +191,9 @@ def test_json_contract_has_a_scheduler_section():
         plan = plan_json(*TWO_CPU_NODES, f"scheduler={kind}")
         section = plan["scheduler"]
         assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups", "verbatim", "jobs",
-                                "storage", "price_per_hour", "cluster"}
+                                "storage", "price_per_hour", "cluster", "settings"}
+        settings = declared(kind).settings  # the scheduler's own recipe section, for its launcher
+        assert (section["settings"] is None) == (settings is None)
         assert bool(section["jobs"]) == (kind == "hf-jobs")
         assert (section["kind"], section["job_file"]) == (kind, job_file)
         assert (section["cluster"] is not None) == (kind == "skypilot")  # sky cancel / sky down take it
@@ -235,7 +237,7 @@ def test_node_supervisor_refuses_what_it_cannot_start(tmp_path):
                               capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
 
     done = node(tmp_path, 0)
-    assert done.returncode == 2 and "holds no plan.json" in done.stdout
+    assert done.returncode == 2 and "is not a grpo-launch run directory (no plan.json)" in done.stdout
     composed = compose(["recipe=qwen72b-colocate"])
     run_dir = materialize(composed, build_plan(composed), [], run_dir=tmp_path / "run")
     done = node(run_dir, 4)
@@ -254,19 +256,21 @@ def test_run_dry_run_prints_the_job_file_and_its_submission(tmp_path):
 
 
 def test_the_first_node_failure_names_the_jobs_exit_code(tmp_path, capsys):
-    """Each failed node's record is typed (contracts.failures.NodeFailure); the job passes on the code of the node
+    """Each failed node's record is typed (contracts.rundir.NodeFailure); the job passes on the code of the node
     that failed first, as `python -m grpo_launch.launch --first-failure` prints it for the Slurm job."""
-    from grpo_launch.contracts.failures import NodeFailure, node_failures
+    from grpo_launch.contracts.rundir import NodeFailure, read_node_failures, write_node_failure
     from grpo_launch.launch.__main__ import main as node_main
     from grpo_launch.launch.follow import node_failures as followed
 
     (tmp_path / "logs").mkdir()
     assert node_main(["--run-dir", str(tmp_path), "--first-failure"]) == 0
     assert capsys.readouterr().out == "\n"  # none failed: nothing to pass on
-    NodeFailure(1, 143, 2_000, "trainer-node1", "stopped while the trainer runs with code 143").write(tmp_path)
-    NodeFailure(0, 7, 1_000, "trainer-node0", "exited with code 7 (rank 3, at step 2: ValueError: x y)").write(tmp_path)
+    write_node_failure(tmp_path, NodeFailure(1, 143, 2_000, "trainer-node1",
+                                             "stopped while the trainer runs with code 143"))
+    write_node_failure(tmp_path, NodeFailure(0, 7, 1_000, "trainer-node0",
+                                             "exited with code 7 (rank 3, at step 2: ValueError: x y)"))
     (tmp_path / "logs" / "node-2.failure.json").write_text("{")  # a node killed while writing its record
-    assert [f.node for f in node_failures(tmp_path)] == [0, 1]
+    assert [f.node for f in read_node_failures(tmp_path)] == [0, 1]
     assert node_main(["--run-dir", str(tmp_path), "--first-failure"]) == 0
     assert capsys.readouterr().out == "7\n"
     first = followed(tmp_path)[0]

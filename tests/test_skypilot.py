@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import ROOT, RUN_ENV, free_port, grpo_run, plan_json
 
-from grpo_launch.launch import curves
+from grpo_launch.contracts.rundir import read_metrics
 
 # `make test` installs SkyPilot in an environment of its own (Makefile: SKY_VENV)
 SKY_PYTHON = Path(os.environ.get("GRPO_SKYPILOT_PYTHON", ROOT / ".cache" / "skypilot" / "bin" / "python"))
@@ -63,4 +63,4 @@ def test_the_run_script_replayed_on_two_loopback_nodes_trains(tmp_path):
         assert node.returncode == 0, out[-3000:]
     head, other = (tmp_path / f"node{rank}" / "sky_workdir" for rank in (0, 1))
     assert "[grpo-launch] rank 1 of 2" in (other / "logs" / "trainer-node1.log").read_text()
-    assert curves.read_metrics(head)[-1]["step"] == 3  # results stay on the nodes (node 0 logs the metrics)
+    assert read_metrics(head).training[-1]["step"] == 3  # results stay on the nodes (node 0 logs the metrics)

@@ -13,7 +13,7 @@ from conftest import RUN_ENV, free_port, grpo_run
 from engine import SYNC_CHECK, assert_generation_followed_training
 from slurm_cluster import LoopbackSlurm, missing
 
-from grpo_launch.launch import curves
+from grpo_launch.contracts.rundir import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def test_tiny_cpu_trains_on_two_slurm_nodes(slurm, tmp_path):
     for node in (0, 1):
         log = (run_dir / "logs" / f"trainer-node{node}.log").read_text()
         assert f"[grpo-launch] rank {node} of 2" in log
-    records = curves.read_metrics(run_dir)
+    records = read_metrics(run_dir).training
     assert records[-1]["step"] == 3
     print(f"\nSlurm: submission to first step {records[0]['time'] - submitted:.1f} s")
     assert_no_job_process_left(slurm)
@@ -77,7 +77,7 @@ def test_tiny_cpu_server_with_vllm_on_one_node_and_the_trainer_on_another(slurm,
     plan = (run_dir / "plan.json").read_text()
     assert '"node": 1' in plan
     assert "vllm is ready" in (run_dir / "logs" / "step-trainer-0.out").read_text()  # gated on /health
-    assert curves.read_metrics(run_dir)[-1]["step"] == 3
+    assert read_metrics(run_dir).training[-1]["step"] == 3
     # TRL's GRPOTrainer against the real server on the other node: every step generated with the weights of the
     # step before (through files and vLLM's reload), and after the run the server serves the final weights.
     assert_generation_followed_training(run_dir, steps=3)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import seed_cases
 
-import grpo_launch.plan.step_time as model
+import grpo_launch.estimate.step_time as model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import fit_step_time  # noqa: E402

@@ -47,23 +47,21 @@ def start(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path 
     """Write the run directory (`run_dir`: a run's to continue, or a new one's path; default: new under run.root)
     and start it through its scheduler: the run directory, and how the run ended (None when its scheduler is not
     installed here and nothing was started, after saying how to start it)."""
-    from grpo_launch.contracts.schedulers import settings_in
     from grpo_launch.contracts.shell import shell_line, shell_word
     from grpo_launch.errors import UserError
-    from grpo_launch.launch import curves
     from grpo_launch.launch.schedulers import LAUNCHERS
     from grpo_launch.launch.schedulers.base import Options
     from grpo_launch.materialize import materialize
+    from grpo_launch.report.plots import CurvePlotter
 
     launcher = LAUNCHERS[the_plan.scheduler.kind]
     if preflight and not launcher.preflight:
         able = ", ".join(f"scheduler={name}" for name, other in LAUNCHERS.items() if other.preflight)
         raise UserError(f"--preflight checks storage and network shared by separately started machines ({able}); "
                         f"scheduler={launcher.name} has none to check", key="--preflight", hint="drop --preflight")
-    settings = settings_in(composed.config.scheduler, launcher.name)
     options = Options(grace_s=grace_s, verbose=verbose, nodes=tuple(nodes), join=join, preflight=preflight)
     missing = launcher.missing(the_plan)
-    started = the_plan if missing else launcher.prepare(the_plan, settings, options, console)
+    started = the_plan if missing else launcher.prepare(the_plan, options, console)
     run_dir = materialize(composed, the_plan, dirs, run_dir=run_dir, join=join).resolve()
     console.print(f"[bold]run directory[/] {escape(str(run_dir))} ({escape(launcher.reach)})")
     if missing:
@@ -72,8 +70,8 @@ def start(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path 
         return run_dir, None
     keeps = launcher.keeps_metrics(the_plan, options)
     title = f"{composed.recipe} ({run_dir.name})"
-    plotter = curves.CurvePlotter(run_dir, title, also=lambda: _report_plots(run_dir, title)) if keeps else None
-    result = launcher.run(started, run_dir, settings, console, options)
+    plotter = CurvePlotter(run_dir, title, also=lambda: _report_plots(run_dir, title)) if keeps else None
+    result = launcher.run(started, run_dir, console, options)
     if plotter is not None:
         plotter.finish()
     _finish(run_dir, result.code, console, [plotter.curve, *plotter.drawn] if plotter else [], draw=keeps)
@@ -89,9 +87,9 @@ def _report_plots(run_dir: Path, title: str) -> list[Path]:
 def _finish(run_dir: Path, code: int, console: Console, pictures: list[Path | None], *, draw: bool = True) -> None:
     """The report's table and bottleneck (what `grpo report` shows), the pictures drawn, the run directory; paths as
     written (never markup)."""
-    from grpo_launch.launch import curves
+    from grpo_launch.contracts.rundir import read_metrics
 
-    if draw and curves.read_metrics(run_dir):
+    if draw and read_metrics(run_dir).training:
         from grpo_launch.cli.report import show_report
 
         show_report(run_dir, console, plots=False, title=f"[bold]report[/] ({escape(run_dir.name)})")

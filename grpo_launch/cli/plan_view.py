@@ -50,7 +50,7 @@ def processes_table(plan: Plan) -> Table:
 
 def bounds_line(plan: Plan) -> str:
     """How long the supervisor waits for what (plan.json has each process's own values)."""
-    parts = [f"{p.name} ready within {p.ready_timeout_s:g} s" for p in plan.processes if p.ready_timeout_s]
+    parts = [f"{p.name} ready within {p.ready_timeout_s:g} s" for p in plan.processes if p.ready_url]
     watched = [p for p in plan.processes if p.liveness]
     if watched:
         live = watched[0].liveness

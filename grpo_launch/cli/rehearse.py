@@ -99,7 +99,7 @@ def print_report(console: Console, recipe: str, features: tuple[Feature, ...], c
     from rich.text import Text
 
     from grpo_launch.cli.console import rule
-    from grpo_launch.launch import curves
+    from grpo_launch.contracts.rundir import read_metrics
 
     rule(console, escape(f"rehearsal report: {recipe}"))
     table = Table(box=None, pad_edge=False, header_style="bold")
@@ -110,7 +110,7 @@ def print_report(console: Console, recipe: str, features: tuple[Feature, ...], c
                       Text(f.status, style=STATUS_STYLE[f.status]), Text(f.why))
     console.print(table)
     if code == 0:
-        records = curves.read_metrics(run_dir) if run_dir is not None else []
+        records = read_metrics(run_dir).training if run_dir is not None else []
         steps = records[-1]["step"] if records else "every"
         console.print(f"[bold green]rehearsal passed[/]: the whole process graph ran, {steps} steps trained")
         return
@@ -118,7 +118,7 @@ def print_report(console: Console, recipe: str, features: tuple[Feature, ...], c
         first = result.failures[0]
         console.print("[bold red]rehearsal failed[/] " + escape(
             f"in {first.process}" + (f", {first.rank_error.where}" if first.rank_error else "")
-            + f": {first.rank_error.error if first.rank_error else first.reason}"))
+            + f": {first.rank_error.record.error if first.rank_error else first.reason}"))
         console.print(f"  its log: {escape(str(first.log))}")
     else:
         console.print(f"[bold red]rehearsal failed[/] with exit code {code}")

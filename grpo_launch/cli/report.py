@@ -24,21 +24,15 @@ def fetch_logs(run_dir: Path) -> None:
     import shutil
     import subprocess
 
-    import yaml
-
-    from grpo_launch.contracts.plan import load_plan
-    from grpo_launch.contracts.rundir import CONFIG_FILE
-    from grpo_launch.contracts.schedulers import settings_in
+    from grpo_launch.contracts.rundir import read_plan
     from grpo_launch.contracts.shell import shell_line
     from grpo_launch.errors import UserError
     from grpo_launch.launch.schedulers import LAUNCHERS
 
-    plan = load_plan(run_dir)
+    plan = read_plan(run_dir)
     if plan.scheduler is None:
         return
-    config = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) if (run_dir / CONFIG_FILE).is_file() else {}
-    settings = settings_in((config or {}).get("scheduler") or {}, plan.scheduler.kind)
-    fetch = LAUNCHERS[plan.scheduler.kind].logs(plan, run_dir, settings).fetch
+    fetch = LAUNCHERS[plan.scheduler.kind].logs(plan, run_dir).fetch
     if not fetch:
         return  # written here already (this machine, or a Slurm job's shared storage)
     if shutil.which(fetch[0]) is None:

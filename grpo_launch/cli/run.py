@@ -32,43 +32,18 @@ def config_changes(old: dict, new: dict) -> list[str]:
             if a.get(k) != b.get(k)]
 
 
-def _stored(run_dir: Path) -> tuple[dict, dict]:
-    """(overrides.yaml, config.yaml) of a run directory, each a mapping, or a `UserError` saying what is missing."""
-    import yaml
-
-    from grpo_launch.compose.recipes import yaml_problem
-    from grpo_launch.contracts.rundir import CONFIG_FILE, OVERRIDES_FILE
-    from grpo_launch.errors import UserError
-
-    docs = []
-    for name, needed in ((OVERRIDES_FILE, ("recipe", "overrides", "recipes_dirs")), (CONFIG_FILE, ("choices",))):
-        path = run_dir / name
-        if not path.is_file():
-            raise UserError(f"{run_dir} is not a grpo-launch run directory (no {name})", key="--resume",
-                            hint="give the directory `grpo run` printed as its run directory")
-        try:
-            doc = yaml.safe_load(path.read_bytes())
-        except (OSError, ValueError, yaml.YAMLError) as e:
-            raise UserError(f"{path} cannot be read: {yaml_problem(e)}", key="--resume",
-                            hint=f"restore {name} as `grpo run` wrote it") from None
-        if not isinstance(doc, dict) or any(k not in doc for k in needed) or \
-                not all(isinstance(doc.get(k, []), list) for k in ("overrides", "recipes_dirs")):
-            raise UserError(f"{path} is not the {name} `grpo run` writes (a mapping with {', '.join(needed)})",
-                            key="--resume", hint=f"restore {name} as `grpo run` wrote it")
-        docs.append(doc)
-    return docs[0], docs[1]
-
-
 def _resumed(run_dir: Path, overrides: list[str], recipes_dir: list[str]) -> tuple[list[str], list[str], dict]:
     """What a resumed run composes: the stored overrides and then the given ones, the given recipe directories ahead
     of the stored ones; and the config the run had. The run's recipe, scheduler and run directory stay."""
     from grpo_launch.compose.grammar import parse_override
+    from grpo_launch.contracts.rundir import read_config, read_overrides
     from grpo_launch.errors import UserError
 
-    stored, old = _stored(run_dir)
-    kept = {"recipe": stored["recipe"], "scheduler": old["choices"].get("scheduler"),
-            "scheduler.kind": (old.get("scheduler") or {}).get("kind"), "run.dir": str(run_dir),
-            "run.root": (old.get("run") or {}).get("root")}
+    stored = read_overrides(run_dir, key="--resume")
+    config = read_config(run_dir, key="--resume")
+    kept = {"recipe": stored.recipe, "scheduler": config.choices.get("scheduler"),
+            "scheduler.kind": (config.values.get("scheduler") or {}).get("kind"), "run.dir": str(run_dir),
+            "run.root": (config.values.get("run") or {}).get("root")}
     for text in overrides:
         o = parse_override(text)
         key = o.key_or_group
@@ -76,8 +51,8 @@ def _resumed(run_dir: Path, overrides: list[str], recipes_dir: list[str]) -> tup
             raise UserError(f"--resume continues {run_dir} with {key}={kept[key]}; '{text}' would change it", key=key,
                             hint="a resumed run keeps its recipe, scheduler and run directory: start a new run for "
                                  "another")
-    return ([*map(str, stored["overrides"]), *overrides], list(dict.fromkeys([*recipes_dir,
-                                                                             *map(str, stored["recipes_dirs"])])), old)
+    return [*stored.overrides, *overrides], list(dict.fromkeys([*recipes_dir, *stored.recipes_dirs])), \
+        config.document()
 
 
 @app.command(epilog=EXAMPLES)
@@ -116,7 +91,7 @@ def run(
     from grpo_launch.compose import anchored, compose
     from grpo_launch.contracts.shell import shell_line
     from grpo_launch.errors import UserError
-    from grpo_launch.materialize import check_run_dir, config_document, new_run_dir, run_files
+    from grpo_launch.materialize import check_run_dir, composed_config, new_run_dir, run_files
     from grpo_launch.plan import build_plan
 
     if multirun:
@@ -150,7 +125,7 @@ def run(
 
     nodes = nodes_to_run(the_plan, node_rank)
     if old is not None:
-        changes = config_changes(old, config_document(composed))
+        changes = config_changes(old, composed_config(composed).document())
         if changes and not force:
             raise UserError(f"the config changed since {resume} ran:\n    " + "\n    ".join(changes),
                             key="--resume", hint="resume with the same config, or add --force to accept the change")
@@ -162,14 +137,12 @@ def run(
         raise composed.origins.locate(e, composed.config) from None
     console = plain_console()
     if dry_run:
-        from grpo_launch.contracts.schedulers import settings_in
         from grpo_launch.launch.schedulers import LAUNCHERS
         from grpo_launch.launch.schedulers.base import Options
 
         launcher = LAUNCHERS[the_plan.scheduler.kind]
         if not launcher.missing(the_plan):  # what `grpo run` checks here before it writes or starts anything
-            launcher.prepare(the_plan, settings_in(composed.config.scheduler, launcher.name),
-                             Options(grace_s=grace_s, nodes=tuple(nodes), preflight=preflight), console)
+            launcher.prepare(the_plan, Options(grace_s=grace_s, nodes=tuple(nodes), preflight=preflight), console)
         console.print(f"[bold]would write[/] {escape(str(target))}/ (dry run: nothing is written or started)",
                       soft_wrap=True)
         from grpo_launch.plan.launch_script import command_line

@@ -22,21 +22,13 @@ def stop(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="The run directory `grpo run` printed."),
 ) -> None:
     """Stop a run started by `grpo run`: cancel its scheduler's jobs, or stop the processes it supervises."""
-    import yaml
     from rich.console import Console
 
-    from grpo_launch.contracts.plan import load_plan
-    from grpo_launch.contracts.rundir import CONFIG_FILE, PLAN_FILE
-    from grpo_launch.contracts.schedulers import settings_in
-    from grpo_launch.errors import UserError
+    from grpo_launch.contracts.rundir import read_plan
     from grpo_launch.launch.schedulers import LAUNCHERS
 
     run_dir = run_dir.resolve()
-    if not (run_dir / PLAN_FILE).is_file():
-        raise UserError(f"{run_dir} holds no {PLAN_FILE}: not a grpo-launch run directory", key="RUN_DIR")
-    plan = load_plan(run_dir)
-    launcher = LAUNCHERS[plan.scheduler.kind]
-    settings = settings_in(yaml.safe_load((run_dir / CONFIG_FILE).read_text())["scheduler"], launcher.name)
-    code = launcher.stop(plan, run_dir, settings, Console(highlight=False))
+    plan = read_plan(run_dir)
+    code = LAUNCHERS[plan.scheduler.kind].stop(plan, run_dir, Console(highlight=False))
     if code:
         raise typer.Exit(code)

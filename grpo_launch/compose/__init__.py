@@ -7,7 +7,8 @@ OmegaConf itself rejects unknown keys, converts types and finds missing values. 
 key, recipe or group option, a wrong type, a missing value, a bound) becomes a `UserError` naming the key and where
 its value came from (`compose.origins`), before anything is written. A `Composer` composes each choice of group
 options with Hydra once and applies the key overrides to a copy, so the combinations of a sweep (`compose.sweep`)
-that differ only in keys cost milliseconds.
+that differ only in keys cost milliseconds. Hydra, OmegaConf and PyYAML are imported where they are used: a recipe
+the composition cache answers for (`compose.cache`) reads no YAML and runs no Hydra.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from grpo_launch.compose import cache, recipes, schema, trl_fields
+from grpo_launch.compose import cache, recipes, schema, trl_checks
 from grpo_launch.compose.grammar import parse_override
 from grpo_launch.compose.hydra_errors import unknown_key, user_error
 from grpo_launch.compose.interpolations import check_defaults, check_no_environment
@@ -129,6 +128,7 @@ def _quoted(path: Path) -> str:
 def _hydra_compose(dirs: list[Path], groups: list[str]) -> tuple[Any, dict[str, str]]:
     """Hydra's composition of the defaults list with these group options: the config before any key override
     (a DictConfig in struct mode), and the option chosen in each group."""
+    import yaml
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore
@@ -241,7 +241,7 @@ class Composer:
                 raise Origins(tuple(self.dirs), tuple(choices.items()), overrides).locate(e) from None
         origins = Origins(tuple(self.dirs), tuple(choices.items()), overrides)
         try:
-            collect(lambda: schema.check_bounds(config), lambda: trl_fields.check_trainer_names(config.trainer))
+            collect(lambda: schema.check_bounds(config), lambda: trl_checks.check_trainer_names(config.trainer))
         except UserError as e:
             raise origins.locate(e, config) from None
         if entry and not cached and not interpolated and self.store:

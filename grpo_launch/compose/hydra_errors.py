@@ -11,8 +11,9 @@ import re
 import typing
 from typing import Any
 
-from grpo_launch.compose import schema, trl_fields
+from grpo_launch.compose import schema
 from grpo_launch.compose.grammar import parse_override
+from grpo_launch.contracts import trl_fields
 from grpo_launch.errors import UserError, did_you_mean
 
 _KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list",

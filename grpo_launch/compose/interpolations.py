@@ -14,8 +14,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from grpo_launch.compose import recipes
 from grpo_launch.contracts.knobs import texts
 from grpo_launch.errors import UserError
@@ -72,6 +70,8 @@ def check_no_environment(cfg: Any) -> None:
 def check_defaults(dirs: Sequence[Path], choices: Mapping[str, str]) -> None:
     """Refuse a defaults list, in any option file Hydra composed, that chooses an option from the environment (Hydra
     resolves it while composing; config.yaml records the choice)."""
+    import yaml
+
     for group, option in choices.items():
         path = recipes.group_options(dirs, group).get(option)
         if path is None or not any(r in (text := path.read_text()) for r in ENVIRONMENT_RESOLVERS):

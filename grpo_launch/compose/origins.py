@@ -20,8 +20,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from grpo_launch.compose import recipes, schema
 from grpo_launch.compose.grammar import parse_override
 from grpo_launch.errors import UserError, UserErrors
@@ -79,6 +77,8 @@ def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
 def _keys_of(path: Path, group: str) -> dict[str, Any]:
     """The dotted keys an option file sets, under its package: the group's name unless the file's header says
     `# @package _global_` (or another package)."""
+    import yaml
+
     text = path.read_text()
     package = group
     for line in text.splitlines():
@@ -98,6 +98,8 @@ def _keys_of(path: Path, group: str) -> dict[str, Any]:
 
 def _recipe_choices(path: Path) -> dict[str, str]:
     """The group options a recipe file chooses in its defaults list (`- override /cluster: cpu`)."""
+    import yaml
+
     try:
         doc = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError:

@@ -14,10 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from grpo_launch.contracts import userdirs
-from grpo_launch.errors import UserError, did_you_mean
+from grpo_launch.errors import UserError, did_you_mean, yaml_problem
 
 ENV_VAR = "GRPO_RECIPES_PATH"
 GROUPS = ("cluster", "model", "data", "placement", "zero", "scheduler", "recipe")
@@ -78,6 +76,8 @@ def check_includes(dirs: Sequence[Path], name: str) -> None:
     """A recipe chooses group options in its defaults list (`- override /cluster: cpu`); it does not include recipes,
     itself or another: Hydra recurses without end on the first and merges the second out of sight of `grpo plan`'s
     origins. Its entries are `_self_` and absolute group choices; a relative entry names a file of recipe/."""
+    import yaml
+
     path = group_options(dirs, "recipe").get(name)
     try:
         doc = yaml.safe_load(path.read_bytes()) if path is not None else None
@@ -105,6 +105,8 @@ class RecipeInfo:
 
 
 def list_recipes(dirs: Sequence[Path]) -> list[RecipeInfo]:
+    import yaml
+
     shipped = shipped_dir()
     out = []
     for name, path in sorted(group_options(dirs, "recipe").items()):
@@ -116,14 +118,6 @@ def list_recipes(dirs: Sequence[Path]) -> list[RecipeInfo]:
         description = doc.get("description", "") if isinstance(doc, dict) else ""
         out.append(RecipeInfo(name, str(description), path, path.is_relative_to(shipped)))
     return out
-
-
-def yaml_problem(e: Exception) -> str:
-    """What is wrong with a YAML file, on one line: the parser's problem and where, or the reading error."""
-    mark = getattr(e, "problem_mark", None)
-    if isinstance(e, yaml.YAMLError) and mark is not None:
-        return f"{getattr(e, 'problem', None) or 'not YAML'} at line {mark.line + 1}, column {mark.column + 1}"
-    return " ".join(str(e).split())
 
 
 RECIPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what `recipe=NAME` can select
@@ -227,5 +221,7 @@ def _shadowing(dirs: Sequence[Path], name: str, dest_root: Path) -> str | None:
 
 def primary_choices() -> dict[str, str]:
     """The option the primary config chooses in each group (`recipe`: the embedded default recipe)."""
+    import yaml
+
     defaults = yaml.safe_load((PRIMARY_DIR / f"{PRIMARY}.yaml").read_text())["defaults"]
     return {group: str(option) for entry in defaults if isinstance(entry, dict) for group, option in entry.items()}

@@ -1,4 +1,5 @@
-"""What every run measures, in one place: the names of the per-step measure records in metrics.jsonl.
+"""What every run measures, in one place: the names of the per-step measure records in metrics.jsonl, and of TRL's
+own records beside them.
 
 The trainer entrypoint (`trainer.measure`) writes one measure record per optimizer step into metrics.jsonl, beside
 TRL's own log records; `grpo report`, `grpo compare` and the console's training view read them. A measure record is
@@ -15,7 +16,8 @@ the one with `STEP_S` in it:
 - `step_s`: the step's wall time on rank 0, from the end of the step before (the start of training, for the
   first) to the end of this one: what a user waits per step, logging and data loading included.
 - `phase/<name>_s`: seconds of the step spent in each phase, the mean over the trainer ranks. Exclusive: a moment
-  counts for the innermost phase open then, so the phases add up to the step time (`PHASES` says what each is).
+  counts for the innermost phase open then, so the phases add up to the step time (`contracts.phases.Phase` says
+  what each is).
 - per rank, under `ranks`: its own step window (`start`, `end`: the ranks end a step a few milliseconds apart) and
   the same seconds (`phases`, adding up to its window).
 - what each rank did when, its phase timeline, is in a file of its own (`rundir.TIMELINE_SEGMENTS` under logs/):
@@ -43,21 +45,7 @@ TRAIN_FLOPS = "train_flops"
 STALENESS_MEAN = "staleness/mean"
 STALENESS_MAX = "staleness/max"
 
-# phase -> what it is. In this order in every table and plot.
-PHASES = {
-    "generate": "generating completions: vLLM in the rank (colocate), the rank waiting on the vLLM server's answer "
-                "(server), or transformers' generate (vllm.enabled=false)",
-    "score": "scoring them: the reward functions, the old and reference policies' log-probabilities, advantages",
-    "sync": "moving trained weights (or a LoRA adapter) into vLLM",
-    "train": "forward, backward and the optimizer step (gradient all-reduce and clipping included)",
-    "wait": "waiting: for rollouts (async), for the other ranks at a collective (TRL's gathers), for data",
-    "eval": "evaluation (data.eval): generating and scoring the held-out prompts",
-    "save": "writing a checkpoint",
-    "other": "the rest of the step: logging, callbacks, the trainer's own bookkeeping",
-}
-# What the timeline shows for a vLLM engine (derived from the trainer ranks' phases, see report.timeline) when it
-# is neither generating nor taking weights.
-IDLE = "idle"
+# Timeline segments shorter than this are merged into the one before.
 SEGMENT_S = 0.001
 
 # AsyncGRPOTrainer's own MFU of the forward and backward passes (GPUs), read where a run has no `train_flops`.
@@ -70,10 +58,21 @@ TRL_FALLBACKS = {
 }
 
 
-def phase_key(phase: str) -> str:
-    """The record key of a phase's seconds: 'phase/generate_s'."""
-    return f"phase/{phase}_s"
+# TRL's own records, beside the measure records: a training step's (with its mean reward, or at least its loss), an
+# evaluation's (its metrics prefixed "eval_"), and the one transformers logs once training ends.
+REWARD = "reward"
+LOSS = "loss"
+EVAL_REWARD = "eval_reward"
+CLOSING_KEY = "train_runtime"
 
 
 def is_measure(record: dict) -> bool:
     return STEP_S in record
+
+
+def is_training(record: dict) -> bool:
+    return REWARD in record or LOSS in record
+
+
+def is_closing(record: dict) -> bool:
+    return CLOSING_KEY in record

@@ -1,4 +1,4 @@
-"""The memory estimate's data: plain, frozen, JSON-renderable; built by `memory.estimate`, carried in the `Plan`
+"""The memory estimate's data: plain, frozen, JSON-renderable; built by `estimate.memory`, carried in the `Plan`
 (and so in plan.json)."""
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ class Component:
 
 
 @dataclass(frozen=True)
-class Phase:
+class MemoryPhase:
+    """What a GPU or a node holds at once during one part of the run (not a step's phase: `contracts.phases`)."""
+
     name: str                                 # GPU: training | generation; host: load | training
     components: tuple[Component, ...]
 
@@ -62,12 +64,12 @@ class Budget:
     role: str                                 # what runs there: "trainer + vLLM", "trainer", "vLLM", "node"
     members: tuple[tuple[int, ...], ...]
     capacity_gib: float
-    phases: tuple[Phase, ...]
+    phases: tuple[MemoryPhase, ...]
     kv_cache: KvCache | None = None           # GPUs that host vLLM
     problems: tuple[str, ...] = ()            # why it cannot run whatever the total (vLLM cannot hold a sequence)
 
     @property
-    def binding(self) -> Phase:
+    def binding(self) -> MemoryPhase:
         """The phase with the highest total, the later one on a tie: it decides whether the device fits."""
         return max(reversed(self.phases), key=lambda p: p.total_gib)
 

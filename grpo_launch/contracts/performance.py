@@ -1,26 +1,23 @@
-"""The step-time prediction's data: plain, frozen, JSON-renderable; built by `plan.step_time` (each placement
+"""The step-time prediction's data: plain, frozen, JSON-renderable; built by `estimate.step_time` (each placement
 combines the phases its own way), carried in the `Plan` (and so in plan.json), read back by whatever compares it with
 a run's measured phases.
 
-One optimizer step on the trainer's clock, split into the phases the trainer measures: `generation` (the trainer's
-generate call, or for a placement that generates beside the trainer the replicas' busy time for one step's samples),
-`weight_sync` (trained weights or an adapter reaching vLLM, averaged over the steps between syncs), `training`
-(forward, backward and the optimizer step) and `waiting` (the trainer idle for rollouts).
+One optimizer step on the trainer's clock, split into the phases the trainer measures (`contracts.phases`,
+`PREDICTED`): generate (the trainer's generate call, or for a placement that generates beside the trainer the
+replicas' busy time for one step's samples), sync (trained weights or an adapter reaching vLLM, averaged over the
+steps between syncs), train (forward, backward and the optimizer step) and wait (the trainer idle for rollouts).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PHASES = ("generation", "weight_sync", "training", "waiting")
-# Each predicted phase -> the measured phase (contracts.measures.PHASES) it is compared with. The prediction's
-# `training` also holds the old policy's log-probability forward that the trainer measures as `score`.
-MEASURED_AS = {"generation": "generate", "weight_sync": "sync", "training": "train", "waiting": "wait"}
+from grpo_launch.contracts.phases import Phase
 
 
 @dataclass(frozen=True)
 class PhaseTime:
-    name: str                                  # one of PHASES
+    name: Phase                                # one of phases.PREDICTED
     seconds: float                             # per optimizer step (a sync every k steps counts 1/k)
     on_trainer_clock: bool = True              # False: runs beside the trainer's step (async generation)
     detail: str = ""                           # how it was computed, in words
@@ -32,7 +29,7 @@ class StepPrediction:
     when nothing is predicted (a CPU, a GPU type or model the tables do not know); `note` says why."""
 
     note: str                                  # why nothing is predicted, or "" when it is
-    accelerator: str | None = None             # the row of contracts.accelerators used
+    accelerator: str | None = None             # the row of estimate.accelerators used
     phases: tuple[PhaseTime, ...] = ()
     step_s: float | None = None                # mean step, syncs averaged in: what wall time and GPU-hours use
     median_step_s: float | None = None         # a step without a sync (syncs every k >= 2 steps), as logs' p50 shows
@@ -71,7 +68,7 @@ class StepPrediction:
         hours = self.gpu_hours
         return None if hours is None or self.gpu_hour_price is None else hours * self.gpu_hour_price
 
-    def phase(self, name: str) -> PhaseTime | None:
+    def phase(self, name: Phase) -> PhaseTime | None:
         return next((p for p in self.phases if p.name == name), None)
 
     def to_json(self) -> dict:

@@ -1,5 +1,6 @@
 """The plan's data: plain, frozen, JSON-renderable. `plan.build_plan` makes it; the run directory holds it as
-plan.json; the supervisor and the trainer entrypoint read it back with `load_plan`, typed, never as raw dicts.
+plan.json (`contracts.rundir`, which also reads the plans older releases wrote); the supervisor, the trainer
+entrypoint, the report and the schedulers' launchers read it back typed, never as raw dicts.
 """
 
 from __future__ import annotations
@@ -9,16 +10,22 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from grpo_launch.contracts import hosts
 from grpo_launch.contracts.devices import Device, WeightSync, device_of
 from grpo_launch.contracts.inputs import Data, Lora
 from grpo_launch.contracts.memory import MemoryEstimate
 from grpo_launch.contracts.performance import StepPrediction
-from grpo_launch.contracts.rundir import PLAN_FILE
-from grpo_launch.contracts.typed import build
+from grpo_launch.contracts.schedulers import SchedulerSettings, settings_type
+from grpo_launch.contracts.trl_fields import TrainerFacts
+from grpo_launch.contracts.typed import ChosenBy, build
+
+# plan.json's schema; an older one is read by contracts.rundir, which brings it up to this one. 2: the trainer's
+# facts and nodes, the scheduler's settings, one phase vocabulary, every readiness bound stated.
+PLAN_VERSION = 2
+
+READY_TIMEOUT_S = 600.0  # how long a process with a readiness URL may take to answer it, unless its spec says
 
 
 class Role(StrEnum):
@@ -97,7 +104,7 @@ class ProcessSpec:
     pass_env: tuple[str, ...] = ()             # names whose values are taken from the caller's environment
     port: int | None = None
     ready_url: str | None = None               # dependents start once this answers 200
-    ready_timeout_s: float | None = None
+    ready_timeout_s: float = READY_TIMEOUT_S   # the run fails when ready_url has not answered 200 by then
     depends_on: tuple[str, ...] = ()
     ranks: tuple[int, ...] = ()                # trainer: the global ranks this launcher starts
     start_delay_s: float = 0.0                 # wait this long after the previous process of its role started
@@ -279,7 +286,7 @@ class JobSpec:
     expose: tuple[int, ...]                    # ports reachable from outside (with a token)
     address: str                               # how the other Jobs reach it
     health: str | None = None                  # polled on its exposed port before the Jobs after it start
-    ready_timeout_s: float | None = None
+    ready_timeout_s: float = READY_TIMEOUT_S   # the run fails when health has not answered 200 by then
     max_restarts: int = 0                      # submitted again if it ends while the trainer runs, this many times
 
 
@@ -300,6 +307,8 @@ class SchedulerPlan:
     jobs: tuple[JobSpec, ...] = ()             # machines submitted one by one, in submit order (hf-jobs)
     storage: str | None = None                 # where the machines find the run directory, in words
     price_per_hour: float | None = None        # every machine together, in USD
+    # the scheduler's own section of the recipe (`scheduler.<key>`), for its launcher; None: it has none
+    settings: Annotated[SchedulerSettings | None, ChosenBy("kind", settings_type)] = None
 
 
 @dataclass(frozen=True)
@@ -365,15 +374,17 @@ class Plan:
     trainer_class: str                         # TRL config class the trainer builds
     trainer_args: dict[str, Any]
     trainer_inputs: TrainerInputs
+    trainer_facts: TrainerFacts                # what TRL's arguments decide, for whoever reads the plan afterwards
     batch: Batch
     sharding: Sharding
+    trainer_nodes: tuple[int, ...]             # the nodes that run trainer ranks, in machine-rank order
     scheduler: SchedulerPlan | None = None     # who starts the processes on the machines
     warnings: tuple[str, ...] = field(default=())
     memory: MemoryEstimate | None = None       # per GPU and phase, and per node's host memory
     prediction: StepPrediction | None = None   # one optimizer step's time by phase, and the run's GPU-hours
 
     def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = {"version": PLAN_VERSION, **dataclasses.asdict(self)}
         for spec in data["processes"]:
             spec["cuda_visible_devices"] = spec["env"].get("CUDA_VISIBLE_DEVICES")
         data["memory"] = self.memory.to_json() if self.memory else None
@@ -382,6 +393,9 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
+        """A plan of this release's schema (`contracts.rundir.read_plan` brings older ones up to it)."""
+        if data.get("version") != PLAN_VERSION:
+            raise ValueError(f"plan.json version {data.get('version')}, not {PLAN_VERSION}")
         return build(cls, data)
 
     def with_addresses(self, env: Mapping[str, str]) -> Plan:
@@ -406,8 +420,3 @@ class Plan:
         return {Sharding.ZERO: f"ZeRO-{self.zero_stage}", Sharding.FSDP2: "FSDP2", Sharding.DDP: "DDP",
                 Sharding.NONE: "1 process"}[self.sharding]
 
-
-def load_plan(path: str | Path) -> Plan:
-    """plan.json of a run directory (or the file itself), typed."""
-    path = Path(path)
-    return Plan.from_json(json.loads((path / PLAN_FILE if path.is_dir() else path).read_text()))

@@ -4,18 +4,16 @@ its settings, the recipe section `scheduler.<key>`.
 A scheduler is one module per side: `plan/schedulers/NAME.py` renders its job, `launch/schedulers/NAME.py` submits,
 follows and cancels it. Its declaration sits here, in `contracts`, because three rooms read it and the recipe schema
 (`compose.schema`, which builds its `scheduler` section from `DECLARED`) may import neither side: the stages run
-one way, compose before plan before launch. The settings are the scheduler's alone: no other module reads them.
+one way, compose before plan before launch. The settings are the scheduler's alone: the plan carries them typed
+(`SchedulerPlan.settings`), and no module but the scheduler's own two reads them.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from grpo_launch.contracts.knobs import Form, knob
-from grpo_launch.contracts.typed import build
 
 # What Slurm's sbatch and SkyPilot accept in the fields grpo-launch writes for them (`#SBATCH --partition=...` is parsed
 # by sbatch, not by a shell: a value must be one token). Slurm: sbatch(1); SkyPilot 0.14: sky/task.py (task names),
@@ -85,12 +83,15 @@ class HfJobsImages:
                                   "`vllm serve` arguments were checked against.")
 
 
+DEFAULT_BUCKET_NAME = "grpo-runs"  # the bucket <namespace>/grpo-runs, where scheduler.hf_jobs.bucket is null
+
+
 @dataclass(kw_only=True)
 class HfJobsSettings:
     namespace: str | None = knob(None, "User or organization the Jobs run (and are billed) in; null: the account "
                                        "of your token (`hf auth whoami`).")
     bucket: str | None = knob(None, "Storage Bucket holding the run directories, as namespace/name; null: "
-                                    "<namespace>/grpo-runs. Created when missing.")
+                                    f"<namespace>/{DEFAULT_BUCKET_NAME}. Created when missing.")
     mount_path: str = knob("/grpo", "Absolute path at which every Job mounts the run's folder of the bucket (the "
                                     "run directory): the trainer read-write, the vLLM Jobs read-only, so adapter "
                                     "paths resolve alike.")
@@ -150,11 +151,16 @@ def declared(name: str) -> Declared:
     return next(d for d in DECLARED if d.name == name)  # the schema's choices hold exactly these names
 
 
-def settings_in(scheduler: Any, name: str) -> Any:
-    """Scheduler `name`'s own settings from a `scheduler` section (typed, or a mapping read back from a run
-    directory's config.yaml); None for a scheduler without settings."""
+SchedulerSettings = SlurmSettings | SkyPilotSettings | HfJobsSettings  # one scheduler's own section, typed
+
+
+def settings_type(name: str) -> type | None:
+    """The type of scheduler `name`'s settings; None for a scheduler without any."""
+    return declared(name).settings
+
+
+def settings_in(scheduler: object, name: str) -> SchedulerSettings | None:
+    """Scheduler `name`'s own settings from a composed recipe's `scheduler` section; None for a scheduler without
+    settings."""
     d = declared(name)
-    if d.key is None:
-        return None
-    section = scheduler[d.key] if isinstance(scheduler, Mapping) else getattr(scheduler, d.key)
-    return build(d.settings, section) if isinstance(section, Mapping) else section
+    return None if d.key is None else getattr(scheduler, d.key)

@@ -1,5 +1,5 @@
 """The built-in tiny model's architecture (model.name_or_path=builtin:tiny), shared by the trainer side that writes
-it (`trainer.tiny_model`) and the memory estimate that sizes it (`memory.catalog`): one description, two readers.
+it (`trainer.tiny_model`) and the memory estimate that sizes it (`estimate.catalog`): one description, two readers.
 """
 
 from __future__ import annotations

@@ -13,9 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from grpo_launch.contracts.failures import node_failures
-from grpo_launch.contracts.plan import load_plan
-from grpo_launch.contracts.rundir import PLAN_FILE
+from grpo_launch.contracts.rundir import read_node_failures, read_plan
 from grpo_launch.errors import EXIT_USER_ERROR, UserError
 from grpo_launch.launch.node import prepare_node, run_nodes
 from grpo_launch.launch.result import GRACE_S
@@ -32,14 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir).resolve()
     if args.first_failure:
-        first = node_failures(run_dir)[:1]
+        first = read_node_failures(run_dir)[:1]
         print(*(f.code for f in first))
         return 0
     console = Console(highlight=False, soft_wrap=True)
     try:
-        if not (run_dir / PLAN_FILE).is_file():
-            raise UserError(f"{run_dir} holds no {PLAN_FILE}: not a grpo-launch run directory", key="--run-dir")
-        plan = load_plan(run_dir)
+        plan = read_plan(run_dir, key="--run-dir")
         if not 0 <= args.node < plan.nodes:
             raise UserError(f"--node {args.node} is not a node of this plan (0..{plan.nodes - 1})", key="--node")
         plan = prepare_node(plan, [args.node], console)

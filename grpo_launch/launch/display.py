@@ -32,8 +32,9 @@ from rich.table import Table
 from rich.text import Text
 
 from grpo_launch.contracts import measures
+from grpo_launch.contracts.phases import Phase
+from grpo_launch.contracts.rundir import MetricsTail
 from grpo_launch.contracts.shell import shell_line
-from grpo_launch.launch.curves import MetricsTail
 from grpo_launch.launch.result import RunResult
 
 COLORS = ("green", "magenta", "cyan", "yellow", "blue", "bright_red", "bright_green", "bright_magenta")
@@ -76,8 +77,8 @@ class TrainingView:
     what the trainer measured (contracts.measures): the latest step's phase split, the throughput since the first
     step per training GPU (`per`: the trainer ranks and the unit, a CPU process on a CPU run)."""
 
-    def __init__(self, metrics: Path, total_steps: int, per: tuple[int, str] | None = None) -> None:
-        self.tail = MetricsTail(metrics)
+    def __init__(self, run_dir: Path, total_steps: int, per: tuple[int, str] | None = None) -> None:
+        self.tail = MetricsTail(run_dir)
         self.total = total_steps if total_steps > 0 else None
         self.per = per
         self.step = 0
@@ -98,9 +99,9 @@ class TrainingView:
                     self.completions += record.get(measures.COMPLETIONS) or 0
                     self.measured_s += record[measures.STEP_S]
                 self.measured = record
-            if "reward" in record:  # a training step's record, not the run's closing summary
+            if measures.REWARD in record:  # a training step's record, not the run's closing summary
                 self.latest = record
-                self.rewards.append(record["reward"])
+                self.rewards.append(record[measures.REWARD])
                 self.times.append((record["step"], record["time"]))
         return bool(records)
 
@@ -139,10 +140,10 @@ class TrainingView:
         r = self.latest
         total = f"/{self.total}" if self.total else ""
         out = [("step", f"{self.step}{total}")]
-        if "reward" in r:
+        if measures.REWARD in r:
             trend = self.trend()
-            out.append(("reward", f"{r['reward']:.3f}" + ("" if trend is None else f" (trend {trend:+.3f})")))
-        for key, name, fmt in (("loss", "loss", ".4g"), ("kl", "kl", ".4g"),
+            out.append(("reward", f"{r[measures.REWARD]:.3f}" + ("" if trend is None else f" (trend {trend:+.3f})")))
+        for key, name, fmt in ((measures.LOSS, "loss", ".4g"), ("kl", "kl", ".4g"),
                                ("completions/mean_length", "length", ".1f")):
             if key in r:
                 out.append((name, format(r[key], fmt)))
@@ -165,7 +166,7 @@ class TrainingView:
     def phase_split(self) -> str:
         """The latest step's phases that took at least `SHOWN_SHARE` of it, as shares: 'generate 34% train 40%'."""
         r = self.measured
-        seconds = {p: r.get(measures.phase_key(p)) or 0.0 for p in measures.PHASES}
+        seconds = {p: r.get(p.key) or 0.0 for p in Phase}
         total = sum(seconds.values())
         return " ".join(f"{p} {100 * s / total:.0f}%" for p, s in seconds.items() if total and s / total >= SHOWN_SHARE)
 
@@ -283,8 +284,8 @@ class ConsoleDisplay:
     def restarting(self, name: str, why: str, attempt: int, limit: int) -> None:
         self.say(f"{name} {why}: restarting it ({attempt} of {limit})", style="bold yellow")
 
-    def training(self, metrics: Path, total_steps: int, per: tuple[int, str] | None = None) -> None:
-        self.view = TrainingView(metrics, total_steps, per)
+    def training(self, run_dir: Path, total_steps: int, per: tuple[int, str] | None = None) -> None:
+        self.view = TrainingView(run_dir, total_steps, per)
 
     def tick(self) -> None:
         changed = self.view is not None and self.view.update()
@@ -321,8 +322,8 @@ class ConsoleDisplay:
         for failure in result.failures:
             self.say(f"failed: {failure}", style="bold red")
             if failure.rank_error is not None:  # the rank's own traceback, whole and not interleaved with others
-                self.say(f"{failure.rank_error.where}: its traceback ({failure.rank_error.record}):", style="red")
-                for line in failure.rank_error.traceback:
+                self.say(f"{failure.rank_error.where}: its traceback ({failure.rank_error.path}):", style="red")
+                for line in failure.rank_error.record.traceback.splitlines():
                     self.console.print(Text(f"    {line}"), soft_wrap=True)
             elif failure.tail:
                 self.say(f"last lines of {failure.log}:", style="red")

@@ -14,10 +14,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from grpo_launch.contracts.failures import node_failures as recorded_failures
 from grpo_launch.contracts.plan import Plan
-from grpo_launch.contracts.rundir import JOB_LOG, LOGS_DIR, METRICS_FILE
-from grpo_launch.launch.curves import LogTail
+from grpo_launch.contracts.rundir import JOB_LOG, LOGS_DIR, LogTail, read_node_failures
 from grpo_launch.launch.display import ConsoleDisplay
 from grpo_launch.launch.result import EXIT_INTERRUPTED, TAIL_LINES, Failure, RunResult
 
@@ -45,7 +43,7 @@ class Job(ABC):
 def node_failures(run_dir: Path) -> list[Failure]:
     """What each node that failed recorded (`launch.node`), the first failure first."""
     failures = []
-    for record in recorded_failures(run_dir):
+    for record in read_node_failures(run_dir):
         log = run_dir / LOGS_DIR / f"{record.process}.log"
         tail = tuple(log.read_text(errors="replace").splitlines()[-TAIL_LINES:]) if log.is_file() else ()
         failures.append(Failure(record.process, record.code, record.reason, log, tail))
@@ -80,7 +78,7 @@ class JobFollower:
         last_state, next_poll = None, 0.0
         try:
             with self.display:
-                self.display.training(self.run_dir / METRICS_FILE, self.max_steps, per=self.per)
+                self.display.training(self.run_dir, self.max_steps, per=self.per)
                 while True:
                     self._stream()
                     if time.monotonic() >= next_poll:

@@ -2,7 +2,7 @@
 
 The node's processes of plan.json, with the node addresses the environment gives (GRPO_HOST_K), torchrun's stray
 PET_* variables cleared, every port checked free, supervised by the same rules as on one machine. A node whose
-processes failed on their own records the first failure's code, time and cause (`contracts.failures.NodeFailure`),
+processes failed on their own records the first failure's code, time and cause (`contracts.rundir.NodeFailure`),
 so a job spanning nodes can pass on the code of the node that failed first (not of a node it stopped).
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from grpo_launch.contracts.failures import NodeFailure
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.rundir import NodeFailure, write_node_failure
 from grpo_launch.errors import UserError
 from grpo_launch.launch.preflight import check_data_files, check_keys_set, check_ports_free, check_vllm_installed
 from grpo_launch.launch.result import RunResult
@@ -60,5 +60,5 @@ def run_nodes(plan: Plan, run_dir: Path, nodes: Collection[int], *, grace_s: flo
         first = result.failures[0]
         reason = str(first).removeprefix(f"{first.process} ")
         for node in nodes:
-            NodeFailure(node, result.code, time.time_ns(), first.process, reason).write(run_dir)
+            write_node_failure(run_dir, NodeFailure(node, result.code, time.time_ns(), first.process, reason))
     return result

@@ -17,7 +17,10 @@ from pathlib import Path
 
 from grpo_launch.contracts.secrets import redact
 
-READ_CHUNK = 1 << 16
+# A process's output is read and shown in pieces of this size, yielding to the event loop after each: a read of
+# output already buffered returns without yielding, so a process printing 1 MiB at once (about 2 s of console printing
+# here) held the loop past the other servers' liveness bound, and a healthy one was declared dead.
+READ_CHUNK = 1 << 12
 LINE_LIMIT = 1 << 16            # longer lines reach the observers in pieces of this many bytes
 
 
@@ -113,6 +116,7 @@ async def drain(stream: asyncio.StreamReader, log: LogFile, on_line: Callable[[s
     try:
         while chunk := await stream.read(READ_CHUNK):
             observe(lines.feed(chunk))
+            await asyncio.sleep(0)  # see READ_CHUNK
         observe(lines.end())
     except OSError as e:  # the pipe itself failed: nothing more can be read from it
         warn(f"reading {log.path.name}'s output failed: {e}")

@@ -14,7 +14,6 @@ from urllib.parse import urlsplit
 from grpo_launch.contracts.plan import ProcessSpec
 from grpo_launch.launch.children import NotReady, Ready, Unresponsive
 
-DEFAULT_READY_TIMEOUT_S = 600.0  # for a readiness URL whose process names no timeout
 READY_POLL_S = 0.5
 READY_PROBE_S = 3.0              # how long one readiness probe may take
 METRICS_FETCH_S = 3.0            # how long a process may take to give its final counters
@@ -56,7 +55,7 @@ async def probe(url: str, timeout_s: float, key_env: str | None = None) -> int |
 
 async def poll_ready(events: asyncio.Queue, name: str, spec: ProcessSpec, generation: int) -> None:
     """Probe `spec`'s readiness URL until it answers 200 (Ready) or its timeout passes (NotReady)."""
-    timeout = spec.ready_timeout_s or DEFAULT_READY_TIMEOUT_S
+    timeout = spec.ready_timeout_s
     started = time.monotonic()
     while await probe(spec.ready_url, READY_PROBE_S, spec.probe_key_env) != 200:
         if time.monotonic() - started > timeout:

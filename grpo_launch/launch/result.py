@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_launch.contracts.rundir import LOGS_DIR, TRAINER_FAILURE
+from grpo_launch.contracts.rundir import TrainerFailure, read_trainer_failure
 
 EXIT_INTERRUPTED = 130
 GRACE_S = 15.0                   # a stop's default wait between SIGTERM and SIGKILL
@@ -35,32 +34,22 @@ def root_cause_code(report: list[str]) -> int | None:
 
 @dataclass(frozen=True)
 class RankError:
-    """What a trainer rank said as it failed (trainer.progress): where it was, the exception, its traceback."""
+    """What a trainer rank said as it failed (`trainer.progress`), and where its record is."""
 
-    rank: int
-    phase: str                     # "training", "loading the dataset", ...
-    step: int | None               # the step it was computing, from 1
-    error: str                     # "ValueError: ..."
-    traceback: tuple[str, ...]
-    record: Path
+    record: TrainerFailure
+    path: Path
 
     @property
     def where(self) -> str:
-        return f"rank {self.rank}, " + (f"at step {self.step}" if self.step is not None else self.phase)
+        r = self.record
+        return f"rank {r.rank}, " + (f"at step {r.step}" if r.step is not None else r.phase)
 
 
 def first_rank_error(run_dir: Path, ranks: Collection[int]) -> RankError | None:
     """The earliest failure record among `ranks` (the others often fail because that one did)."""
-    found = []
-    for r in ranks:
-        path = run_dir / LOGS_DIR / TRAINER_FAILURE.format(rank=r)
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        found.append((record["time"], RankError(r, record["phase"], record["step"], record["error"],
-                                                tuple(record["traceback"].splitlines()), path)))
-    return min(found, key=lambda f: f[0])[1] if found else None
+    found = [f for f in (read_trainer_failure(run_dir, r) for r in ranks) if f is not None]
+    first = min(found, key=lambda f: f.time, default=None)
+    return RankError(first, first.path(run_dir)) if first is not None else None
 
 
 @dataclass(frozen=True)
@@ -77,7 +66,7 @@ class Failure:
     def __str__(self) -> str:
         if self.rank_error is None:
             return f"{self.process} {self.reason}"
-        return f"{self.process} {self.reason} ({self.rank_error.where}: {self.rank_error.error})"
+        return f"{self.process} {self.reason} ({self.rank_error.where}: {self.rank_error.record.error})"
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from typing import Any
 from rich.console import Console
 
 from grpo_launch.contracts.plan import Plan, ProcessSpec, Role
-from grpo_launch.contracts.rundir import LOGS_DIR, METRICS_FILE, TRAINER_FAILURE, WATCHDOG_LOG
+from grpo_launch.contracts.rundir import LOGS_DIR, WATCHDOG_LOG, clear_trainer_failure
 from grpo_launch.contracts.secrets import secret_names, secret_values
 from grpo_launch.launch.children import (
     Child,
@@ -105,7 +105,7 @@ class Supervisor:
         spec = child.spec
         child.generation += 1
         for rank in spec.ranks:  # a resumed run's old failure records would be read as this run's
-            (self.run_dir / LOGS_DIR / TRAINER_FAILURE.format(rank=rank)).unlink(missing_ok=True)
+            clear_trainer_failure(self.run_dir, rank)
         child.diagnosis, child.report, child.ready_since = None, [], None  # an earlier incarnation's, not this one's
         started = await self.spawner.start(spec.argv, spec.env, child.log_path, lambda text: self._line(child, text))
         child.process, child.exited = started.process, started.exited
@@ -294,7 +294,7 @@ class Supervisor:
         if self.presses:  # stopped while preparing
             return False
         if any(c.spec.role == Role.TRAINER for c in self.children):
-            self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_inputs.max_steps,
+            self.display.training(self.run_dir, self.plan.trainer_inputs.max_steps,
                                   per=(self.plan.world_size, self.plan.device.slot))
         await self._advance()
         while not (self.failures or self._trainers_done()):

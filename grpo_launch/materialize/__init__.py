@@ -15,36 +15,42 @@ half-written.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from grpo_launch.compose import Composed
 from grpo_launch.contracts.plan import Plan
-from grpo_launch.contracts.rundir import CONFIG_FILE, LOGS_DIR, OVERRIDES_FILE, PLAN_FILE, REWARDS_DIR
+from grpo_launch.contracts.rundir import (
+    CONFIG_FILE,
+    LOGS_DIR,
+    OVERRIDES_FILE,
+    PLAN_FILE,
+    REWARDS_DIR,
+    ComposedConfig,
+    Overrides,
+    config_text,
+    overrides_text,
+    plan_text,
+    same_plan,
+)
 from grpo_launch.contracts.shell import shell_word
 from grpo_launch.errors import UserError
 from grpo_launch.plan.documents import document_text
 
 
-def config_document(composed: Composed) -> dict[str, Any]:
-    return {"recipe": composed.recipe, "choices": composed.choices, **dataclasses.asdict(composed.config)}
+def composed_config(composed: Composed) -> ComposedConfig:
+    return ComposedConfig(composed.recipe, composed.choices, dataclasses.asdict(composed.config))
 
 
 def run_files(composed: Composed, plan: Plan, recipe_dirs: list[str]) -> dict[str, str]:
     """Every file of a run directory, by relative path, as text."""
     files = {
-        CONFIG_FILE: f"# recipe {composed.recipe}, as composed by grpo-launch\n"
-                     + yaml.safe_dump(config_document(composed), sort_keys=False),
-        OVERRIDES_FILE: yaml.safe_dump({"recipe": composed.recipe, "overrides": list(composed.overrides),
-                                        "recipes_dirs": [str(Path(d).resolve()) for d in recipe_dirs]},
-                                       sort_keys=False),
-        PLAN_FILE: json.dumps(plan.to_json(), indent=2) + "\n",
+        CONFIG_FILE: config_text(composed_config(composed)),
+        OVERRIDES_FILE: overrides_text(Overrides(composed.recipe, tuple(composed.overrides),
+                                                 tuple(str(Path(d).resolve()) for d in recipe_dirs))),
+        PLAN_FILE: plan_text(plan),
     }
     for name, document in plan.files.items():
         files[name] = document_text(name, document)
@@ -103,14 +109,6 @@ def write_files(root: Path, files: dict[str, str], rewards: list[Path]) -> None:
             shutil.copy2(source, root / REWARDS_DIR / source.name)
 
 
-def _holds(target: Path, files: dict[str, str]) -> bool:
-    """Whether `target` is a run directory of this very plan (another node wrote it)."""
-    try:
-        return (target / PLAN_FILE).read_text() == files[PLAN_FILE]
-    except OSError:
-        return False
-
-
 def materialize(composed: Composed, plan: Plan, recipe_dirs: list[str], run_dir: Path | None = None, *,
                 join: bool = False) -> Path:
     """Write a new run directory (or, given `run_dir` of an existing run, rewrite its files in place). `join`: one
@@ -120,17 +118,18 @@ def materialize(composed: Composed, plan: Plan, recipe_dirs: list[str], run_dir:
     target = run_dir or new_run_dir(composed)
     check_run_dir(composed, target)
     try:
-        return _written(target, files, rewards, resumed=run_dir is not None and run_dir.exists(), join=join)
+        return _written(target, plan, files, rewards, resumed=run_dir is not None and run_dir.exists(), join=join)
     except OSError as e:  # the disk, not the plan: full, read-only, a name the file system refuses
         raise UserError(f"cannot write the run directory {target}: {e.strerror or e}", key=_run_dir_key(composed),
                         hint="free space, or choose another directory") from None
 
 
-def _written(target: Path, files: dict[str, str], rewards: list[Path], *, resumed: bool, join: bool) -> Path:
+def _written(target: Path, plan: Plan, files: dict[str, str], rewards: list[Path], *, resumed: bool,
+             join: bool) -> Path:
     if resumed:
         write_files(target, files, rewards)
         return target
-    if join and _holds(target, files):
+    if join and same_plan(target, plan):  # another node of the run wrote it
         return target
     if target.exists():
         raise UserError(f"run directory {target} already exists", key="run.dir",
@@ -143,7 +142,7 @@ def _written(target: Path, files: dict[str, str], rewards: list[Path], *, resume
         tmp.rename(target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        if join and _holds(target, files):  # another node renamed its copy into place first
+        if join and same_plan(target, plan):  # another node renamed its copy into place first
             return target
         raise
     return target

@@ -14,12 +14,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from grpo_launch.compose import trl_fields
+from grpo_launch.compose import trl_checks
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.plan import Engine, Plan, ProcessSpec, Reward
 from grpo_launch.contracts.rundir import ACCELERATE_FILE, DEEPSPEED_FILE, LAUNCH_FILE
+from grpo_launch.contracts.schedulers import settings_in
+from grpo_launch.contracts.trl_fields import trainer_facts
 from grpo_launch.errors import UserError, collect
-from grpo_launch.memory.estimate import estimate as estimate_memory
+from grpo_launch.estimate.memory import estimate as estimate_memory
+from grpo_launch.estimate.step_time import predict as predict_step_time
 from grpo_launch.plan.checks import (
     check_context,
     check_data,
@@ -27,19 +30,17 @@ from grpo_launch.plan.checks import (
     check_model_shape,
     check_recipe_name,
     check_tensor_parallel,
-    exposed_dev_mode,
 )
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.documents import accelerate_config, check_zero, deepspeed_config, sharding
 from grpo_launch.plan.launch_script import launch_script
 from grpo_launch.plan.layout import Layout
-from grpo_launch.plan.model import ModelSource, prepare_steps, resolve_model
+from grpo_launch.plan.model import ModelSource, resolve_model
 from grpo_launch.plan.placements import placement_of
 from grpo_launch.plan.placements.base import Placement
 from grpo_launch.plan.schedulers import scheduler_of
 from grpo_launch.plan.secrets import check_secrets
-from grpo_launch.plan.serving import watched
-from grpo_launch.plan.step_time import predict as predict_step_time
+from grpo_launch.plan.serving import exposed_dev_mode, watched
 from grpo_launch.plan.trainer_args import (
     build_trainer_args,
     build_trainer_inputs,
@@ -95,9 +96,8 @@ def _checked(composed: Composed, ctx: Context, placement: Placement) -> tuple[Pl
     collect(lambda: check_recipe_name(composed.recipe), lambda: check_hosts(config),
             lambda: check_secrets(config), lambda: check_zero(config),
             lambda: check_model_shape(config, ctx.model, ctx.device), lambda: check_data(config),
-            lambda: ctx.scheduler.check(config),
-            lambda: trl_fields.check_trainer_args(config.trainer, placement.trainer_class),
-            lambda: check_context(config, placement.trainer_class, ctx.model),
+            lambda: check_context(config, placement.trainer_class, ctx.model), lambda: ctx.scheduler.check(config),
+            lambda: trl_checks.check_trainer_args(config.trainer, placement.trainer_class),
             lambda: check_unmanaged(config.trainer), lambda: check_evaluation(config, placement),
             lambda: found.update(rewards=check_rewards(config)),
             lambda: found.update(result=placement.plan(ctx)))
@@ -128,24 +128,18 @@ def _planned(composed: Composed) -> Plan:
     world = layout.world_size
 
     shared = sharding(config, fsdp2=result.fsdp2, processes=world)
-    args = build_trainer_args(ctx, placement, result.trainer_args, shared)
-    files: dict = {}
-    if config.zero.stage:
-        files[DEEPSPEED_FILE] = deepspeed_config(config, ctx.device)
-        if config.launcher == "torchrun":
-            args["deepspeed"] = DEEPSPEED_FILE  # accelerate reads it from accelerate.yaml instead
+    files: dict = {DEEPSPEED_FILE: deepspeed_config(config, ctx.device)} if config.zero.stage else {}
     files[ACCELERATE_FILE] = accelerate_config(config, ctx.device, machines=len(layout.trainer_nodes),
                                                processes=world, main_ip=ctx.hosts[layout.trainer_nodes[0]],
                                                shared=shared)
+    args = build_trainer_args(ctx, placement, result.trainer_args, shared)
+    inputs = build_trainer_inputs(ctx, placement, result, args, rewards)
     batch = placement.batch(args, world, result)
 
     secrets = (result.server_key_env,) if result.server_key_env else ()
     trainers = trainer_processes(ctx, layout, result.trainer_depends_on, result.trainer_env, secrets)
     processes = watched(config, (*result.services, *trainers))
-    prepare = prepare_steps(config, ctx.model)
-    files[LAUNCH_FILE] = launch_script(composed.recipe, config.placement.kind, prepare, processes)
-    scheduled, job_files = ctx.scheduler.job(config, composed.recipe, processes, prepare)
-    files.update(job_files)
+    exposed = exposed_dev_mode(processes)
     plan = Plan(
         recipe=composed.recipe,
         placement=config.placement.kind,
@@ -165,15 +159,19 @@ def _planned(composed: Composed) -> Plan:
                          "-" if ctx.scheduler.sized_machines else "idle"),
         ports=ctx.ports.claims(),
         files=files,
-        prepare=prepare,
+        prepare=ctx.model.prepare,
         trainer_class=placement.trainer_class,
         trainer_args=args,
-        trainer_inputs=build_trainer_inputs(ctx, placement, result, args, rewards),
+        trainer_inputs=inputs,
+        trainer_facts=trainer_facts(args, placement.trainer_class),
         batch=batch,
         sharding=shared,
-        scheduler=scheduled,
-        warnings=tuple(ctx.warnings + _idle_warning(ctx, layout) + ctx.scheduler.warnings(config, scheduled)
-                       + exposed_dev_mode(processes)),
+        trainer_nodes=layout.trainer_nodes,
     )
+    scheduled, job_files = ctx.scheduler.job(config, plan)
+    plan = replace(plan, files={**files, LAUNCH_FILE: launch_script(plan), **job_files},
+                   scheduler=replace(scheduled, settings=settings_in(config.scheduler, scheduled.kind)),
+                   warnings=tuple(ctx.warnings + _idle_warning(ctx, layout) + ctx.scheduler.warnings(config, scheduled)
+                                  + exposed))
     plan = replace(plan, memory=estimate_memory(config, plan, placement, ctx.model.resolved))  # the CLI decides
     return replace(plan, prediction=predict_step_time(config, plan, placement, ctx.model.resolved))

@@ -6,7 +6,7 @@ optimizer step). A candidate is the typed `Config` with those fields replaced, p
 placement modules' rules decide validity (a candidate that raises `UserError` is simply not a layout), the memory
 estimate decides fit. Knobs set on the command line stay as given, unless no layout fits with them.
 
-The ranking, best first (docs/memory.md, "The advisor"): the step-time model's (`plan.step_time`) GPU-seconds per
+The ranking, best first (docs/memory.md, "The advisor"): the step-time model's (`estimate.step_time`) GPU-seconds per
 trained completion on the GPUs the cluster holds, i.e. the most completions per hour per GPU paid for, where
 predictions less than TIE_SHARE apart count as equal; then fewer changes to the recipe; then more memory headroom. A
 plan the model cannot predict (an unknown GPU type) ranks by changes and headroom alone, and the advice says so.

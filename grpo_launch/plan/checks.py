@@ -8,11 +8,10 @@ from collections.abc import Sequence
 from pathlib import PurePath
 
 from grpo_launch.compose.schema import Config
-from grpo_launch.compose.trl_fields import effective
 from grpo_launch.contracts.builtins import HELD_OUT, REWARDS, TASKS
 from grpo_launch.contracts.devices import Device
-from grpo_launch.contracts.hosts import is_loopback
-from grpo_launch.contracts.plan import ProcessSpec, Reward
+from grpo_launch.contracts.plan import Reward
+from grpo_launch.contracts.trl_fields import effective
 from grpo_launch.errors import UserError, did_you_mean
 from grpo_launch.plan.model import ModelSource
 
@@ -203,20 +202,3 @@ def check_recipe_name(recipe: str) -> None:
 
 
 # Routes `vllm serve` opens with VLLM_SERVER_DEV_MODE=1, which TRL needs; vLLM's --api-key does not guard them.
-DEV_MODE_ROUTES = "/pause, /sleep, /collective_rpc and the weight-update routes"
-
-
-def exposed_dev_mode(processes: Sequence[ProcessSpec]) -> list[str]:
-    """A warning for each vLLM server that listens beyond loopback with dev mode on."""
-    warnings = []
-    for p in processes:
-        if p.env.get("VLLM_SERVER_DEV_MODE") != "1" or "--host" not in p.argv:
-            continue
-        bind = p.argv[p.argv.index("--host") + 1]
-        if is_loopback(bind):
-            continue
-        warnings.append(f"{p.name} listens on {bind}:{p.port} with vLLM's dev mode on (TRL needs it): "
-                        f"{DEV_MODE_ROUTES} answer anyone who can reach that port, and --api-key does not guard "
-                        f"them. Keep the port closed to everyone but the job: the nodes' private network, a "
-                        f"firewall, or the network isolation of the scheduler's allocation")
-    return warnings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-from grpo_launch.contracts.plan import PrepareStep, ProcessSpec, Role
+from grpo_launch.contracts.plan import Plan, ProcessSpec, Role
 from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.plan.schedulers.base import ANSWERS_PY, node_list
 
@@ -70,12 +70,13 @@ def _needs(argvs: Sequence[Sequence[str]]) -> tuple[str, str]:
     return ", ".join(f"`{e}`" for e in entrypoints), listed
 
 
-def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], processes: Sequence[ProcessSpec]) -> str:
+def launch_script(plan: Plan) -> str:
+    processes, prepare = plan.processes, plan.prepare
     ready = {p.name: p for p in processes if p.ready_url}
     secrets = ", ".join(dict.fromkeys(name for p in processes for name in p.pass_env)) or "none"
     nodes = sorted({p.node for p in processes})
     entrypoints, programs = _needs([*(s.argv for s in prepare), *(p.argv for p in processes)])
-    about = _ABOUT.format(recipe=recipe, placement=placement, entrypoints=entrypoints, programs=programs,
+    about = _ABOUT.format(recipe=plan.recipe, placement=plan.placement, entrypoints=entrypoints, programs=programs,
                           nodes=node_list(nodes), secrets=secrets)
     lines = [_HEADER.format(about=textwrap.fill(about, COMMENT_WIDTH, initial_indent="# ", subsequent_indent="# ",
                                                 break_long_words=False, break_on_hyphens=False),
@@ -83,7 +84,6 @@ def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], p
     for step in prepare:
         lines.append(f"# {step.name}: run once, before any process")
         lines.append(f"[ -e {shell_word(step.creates)} ] || {shell_line(step.argv)}")
-    trainer_nodes = sorted({p.node for p in processes if p.role == Role.TRAINER})
     for p in processes:
         lines.append(f"# {p.name}: {p.role} on node {p.node}")
         for dep in p.depends_on:
@@ -98,6 +98,6 @@ def launch_script(recipe: str, placement: str, prepare: Sequence[PrepareStep], p
         lines.append("fi")
     lines.append("# A trainer node ends with its trainer (and passes on its exit code); other nodes serve until "
                  "stopped.")
-    nodes = "|".join(map(str, trainer_nodes))
+    nodes = "|".join(map(str, plan.trainer_nodes))
     lines.append(f'case "$NODE_RANK" in {nodes}) wait "$trainer_pid" ;; *) wait ;; esac')
     return "\n".join(lines) + "\n"

@@ -12,7 +12,7 @@ from grpo_launch.contracts import tiny
 from grpo_launch.contracts.builtins import BUILTIN_MODEL_DIR, BUILTIN_MODEL_PREFIX, MODELS
 from grpo_launch.contracts.plan import PrepareStep
 from grpo_launch.errors import UserError, did_you_mean
-from grpo_launch.memory import catalog
+from grpo_launch.estimate import catalog
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,7 @@ class ModelSource:
     name_or_path: str                  # as the recipe gives it
     builtin: str | None                # the built-in model's name (model.name_or_path=builtin:NAME), else None
     resolved: catalog.ResolvedModel | None  # its shape, None when neither the catalog nor a config.json knows it
+    prepare: tuple[PrepareStep, ...]   # what builds it before any process starts (a built-in model), else ()
 
     @property
     def path(self) -> str:
@@ -56,23 +57,23 @@ def builtin_name(name_or_path: str) -> str | None:
 
 def resolve_model(config: Config) -> ModelSource:
     """The recipe's model, resolved: a local model directory's config.json is read here, the one file planning
-    reads besides the recipes (`memory.catalog.local_config`)."""
+    reads besides the recipes (`estimate.catalog.local_config`)."""
     m = config.model
     builtin = builtin_name(m.name_or_path)
     local = None if builtin else catalog.local_config(m.name_or_path)
-    return ModelSource(m.name_or_path, builtin, catalog.resolve(m, local))
+    return ModelSource(m.name_or_path, builtin, catalog.resolve(m, local), _prepare_steps(config, builtin))
 
 
-def prepare_steps(config: Config, model: ModelSource) -> tuple[PrepareStep, ...]:
+def _prepare_steps(config: Config, builtin: str | None) -> tuple[PrepareStep, ...]:
     """Work done once before any process starts: building a built-in model (it needs torch, so not in-process)."""
-    if model.builtin is None:
+    if builtin is None:
         return ()
     t = config.model.tiny
-    argv = ("python", "-m", MODELS[model.builtin], "--out", BUILTIN_MODEL_DIR, "--hidden-size",
+    argv = ("python", "-m", MODELS[builtin], "--out", BUILTIN_MODEL_DIR, "--hidden-size",
             str(t.hidden_size), "--num-layers", str(t.num_layers), "--num-heads", str(t.num_heads),
             "--num-kv-heads", str(t.num_kv_heads), "--max-position-embeddings", str(t.max_position_embeddings),
             "--seed", str(config.seed))
     # The build is a function of its arguments and of the model description: built once, kept between runs.
     what = json.dumps([argv, tiny.BUILD_FORMAT, tiny.MODEL_TYPE, tiny.VOCABULARY, tiny.CHAT_TEMPLATE])
-    return (PrepareStep(name=f"{model.builtin}-model", argv=argv, creates=BUILTIN_MODEL_DIR,
-                        cache_key=f"{model.builtin}-{hashlib.sha256(what.encode()).hexdigest()[:16]}"),)
+    return (PrepareStep(name=f"{builtin}-model", argv=argv, creates=BUILTIN_MODEL_DIR,
+                        cache_key=f"{builtin}-{hashlib.sha256(what.encode()).hexdigest()[:16]}"),)

@@ -9,8 +9,8 @@ import types
 import typing
 from typing import Any
 
-from grpo_launch.compose import recipes, schema, trl_fields
-from grpo_launch.contracts import builtins
+from grpo_launch.compose import recipes, schema
+from grpo_launch.contracts import builtins, trl_fields
 from grpo_launch.contracts.knobs import REQUIRED
 from grpo_launch.plan.placements import PLACEMENTS
 from grpo_launch.plan.trainer_args import MANAGED

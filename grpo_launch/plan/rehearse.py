@@ -13,8 +13,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config, Model, TinyModel
+from grpo_launch.contracts import trl_fields
 from grpo_launch.contracts.devices import CPU
 from grpo_launch.contracts.hosts import LOOPBACK
 from grpo_launch.contracts.plan import Plan, Role
@@ -143,12 +143,11 @@ def _where(config: Config, plan: Plan, placement: Placement, host_memory_gib: fl
     """The nodes (at most MAX_NODES, on loopback) and their CPU process slots: trainer ranks and engines."""
     c = config.cluster
     nodes = min(c.nodes, MAX_NODES)
-    trainer_nodes = sorted({p.node for p in plan.processes if p.role == Role.TRAINER})
     dedicated = [e for e in plan.engines if e.process is not None]
     engine_nodes = sorted({e.node for e in dedicated})
     replicas = min(len(dedicated), MAX_REPLICAS) if dedicated else 0
     # An engine node of its own stays one (a vLLM node and trainer nodes); otherwise engines share the node.
-    engines_apart = bool(dedicated) and nodes == MAX_NODES and not set(engine_nodes) & set(trainer_nodes)
+    engines_apart = bool(dedicated) and nodes == MAX_NODES and not set(engine_nodes) & set(plan.trainer_nodes)
     ranks = placement.trainer_ranks_on(CPU) or (2 if nodes == 1 or engines_apart else 1)
     if engines_apart:
         slots, rehearsal_trainer_nodes = max(ranks, replicas), 1

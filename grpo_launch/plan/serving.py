@@ -7,6 +7,7 @@ import dataclasses
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.devices import Device
+from grpo_launch.contracts.hosts import is_loopback
 from grpo_launch.contracts.plan import Engine, Liveness, ProcessSpec, Restart, Role
 from grpo_launch.errors import UserError
 from grpo_launch.plan.context import Context
@@ -83,3 +84,22 @@ def check_block_size(config: Config, device: Device) -> None:
         raise UserError(f"vllm.block_size={block}: vLLM's {device.label} attention takes KV-cache blocks of a "
                         f"multiple of {multiple} tokens only, and the engine would not start", key="vllm.block_size",
                         hint=f"set vllm.block_size={multiple} (cluster={device.name}'s default)")
+
+
+DEV_MODE_ROUTES = "/pause, /sleep, /collective_rpc and the weight-update routes"
+
+
+def exposed_dev_mode(processes: tuple[ProcessSpec, ...]) -> list[str]:
+    """A warning for each vLLM server that listens beyond loopback with dev mode on."""
+    warnings = []
+    for p in processes:
+        if p.env.get("VLLM_SERVER_DEV_MODE") != "1" or "--host" not in p.argv:
+            continue
+        bind = p.argv[p.argv.index("--host") + 1]
+        if is_loopback(bind):
+            continue
+        warnings.append(f"{p.name} listens on {bind}:{p.port} with vLLM's dev mode on (TRL needs it): "
+                        f"{DEV_MODE_ROUTES} answer anyone who can reach that port, and --api-key does not guard "
+                        f"them. Keep the port closed to everyone but the job: the nodes' private network, a "
+                        f"firewall, or the network isolation of the scheduler's allocation")
+    return warnings

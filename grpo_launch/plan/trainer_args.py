@@ -7,17 +7,19 @@ in `trainer.*` (one fact, one place): the error names the key that controls each
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config
+from grpo_launch.contracts import trl_fields
 from grpo_launch.contracts.builtins import REWARDS
 from grpo_launch.contracts.plan import Reward, Sharding, TrainerInputs
-from grpo_launch.contracts.rundir import CHECKPOINTS_DIR
+from grpo_launch.contracts.rundir import CHECKPOINTS_DIR, DEEPSPEED_FILE
 from grpo_launch.errors import UserError
 from grpo_launch.plan.checks import check_reward_files, reward_target
 from grpo_launch.plan.context import Context, PlacementResult
-from grpo_launch.plan.placements.base import Placement
+
+if TYPE_CHECKING:  # the placements call this module (async-lora: output_dir); it only asks them
+    from grpo_launch.plan.placements.base import Placement
 
 MANAGED = {
     "seed": "seed",
@@ -81,6 +83,8 @@ def build_trainer_args(ctx: Context, placement: Placement, placement_args: dict[
     args["seed"] = config.seed
     if any(r.weight != 1.0 for r in config.rewards):
         args["reward_weights"] = [r.weight for r in config.rewards]
+    if config.zero.stage and config.launcher == "torchrun":
+        args["deepspeed"] = DEEPSPEED_FILE  # accelerate reads it from accelerate.yaml instead
     return args
 
 

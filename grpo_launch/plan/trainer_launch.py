@@ -38,6 +38,7 @@ def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...],
     ctx.ports.claim(layout.trainer_nodes[0], port, "the trainer rendezvous", "run.main_process_port")
     timeout = config.run.rendezvous_timeout_s
     rendezvous = ["--rdzv_conf", f"timeout={math.ceil(timeout)}"] if machines > 1 else []
+    diagnoses = rendezvous_diagnoses(main_ip, port, timeout) if machines > 1 else ()
     entry = ("-m", TRAINER_MODULE, "--run-dir", ".")
     out = []
     for machine_rank, node in enumerate(layout.trainer_nodes):
@@ -55,6 +56,6 @@ def trainer_processes(ctx: Context, layout: Layout, depends_on: tuple[str, ...],
                                pass_env=tuple(dict.fromkeys([*config.env.passthrough, *secrets])),
                                depends_on=depends_on,
                                ranks=layout.ranks_on(node),
-                               diagnoses=rendezvous_diagnoses(main_ip, port, timeout) if machines > 1 else (),
+                               diagnoses=diagnoses,
                                exit_timeout_s=config.run.exit_timeout_s if machines > 1 else None))
     return out

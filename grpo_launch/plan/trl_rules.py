@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_launch.compose.trl_fields import effective
 from grpo_launch.contracts.plan import Batch, GenerationRounds
+from grpo_launch.contracts.trl_fields import effective
 from grpo_launch.errors import UserError
 
 TRUNCATE_MODES = ("token_truncate", "sequence_truncate")

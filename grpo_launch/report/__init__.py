@@ -6,7 +6,9 @@
   (a prediction) can join.
 - `diagnosis`: the bottleneck in words, from the measured split, with the knob that moves it.
 - `compare`: several runs side by side, ratios against the first, comparability, and the reward-parity test.
-- `plots`: the phase timeline, the eval curve, the overlaid reward curves (PNG), drawn off the run's critical path.
+- `plots`: the reward curve, the phase timeline, the eval curve, the overlaid reward curves (PNG), drawn off the
+  run's critical path (`CurvePlotter`: as the trainer closes).
 
-The metric names are `contracts.measures`; docs/report.md is the user's side.
+The run directory is read through `contracts.rundir`; the metric names are `contracts.measures`, the phases
+`contracts.phases`; docs/report.md is the user's side.
 """

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_launch.compose import trl_fields
+from grpo_launch.contracts.phases import SEQUENTIAL, Phase
 from grpo_launch.report.summary import Report
 
 
@@ -33,29 +33,26 @@ class Finding:
         return f"{self.kind}: {self.text}{knob}"
 
 
-def _arg(report: Report, name: str) -> Any:
-    """The value the run's TRL config had: the plan's, else the pinned TRL's default."""
-    plan = report.run.plan
-    return trl_fields.effective(plan.trainer_args, plan.trainer_class, name)
-
-
 def _percent(share: float) -> str:
     return f"{100 * share:.0f}%"
 
 
 def _trainer_knobs(report: Report) -> list[Finding]:
+    plan = report.run.plan
+    rollouts = plan.batch.rollouts
+    token_budget = rollouts.token_budget if rollouts is not None else None  # only AsyncGRPOTrainer packs to one
     found = []
-    if _arg(report, "gradient_checkpointing"):
+    if plan.trainer_facts.gradient_checkpointing:
         found.append(Finding("trainer-bound", "gradient checkpointing is on: the backward pass computes the forward "
                                               "again; the async post turned it off for its 1.5B model",
                              "trainer.gradient_checkpointing", True))
-    if _arg(report, "per_device_train_batch_size") == 1 and not _arg(report, "token_budget"):
+    if plan.batch.per_device_train_batch_size == 1 and not token_budget:
         # AsyncGRPOTrainer packs sequences up to a token budget; GRPOTrainer takes a larger micro-batch instead
         overlapped = report.staleness_mean is not None
         found.append(Finding("trainer-bound", "micro-batches of one sequence: token-budget batching (packing "
                                               "sequences up to a token budget) raised MFU 5x in the async post",
                              "trainer.token_budget" if overlapped else "trainer.per_device_train_batch_size",
-                             _arg(report, "token_budget") if overlapped else 1))
+                             token_budget if overlapped else 1))
     return found
 
 
@@ -65,9 +62,9 @@ def diagnose(report: Report) -> list[Finding]:
     if not report.run.measures:
         return []
     if report.staleness_mean is not None:  # generation overlaps training
-        waited, worked = share["wait"], share["train"] + share["sync"] + share["score"]
+        waited, worked = share[Phase.WAIT], share[Phase.TRAIN] + share[Phase.SYNC] + share[Phase.SCORE]
         if waited > worked:
-            inflight = _arg(report, "max_inflight_tasks")
+            inflight = report.run.plan.batch.rollouts.max_inflight_tasks
             inflight = "automatic (TRL's default)" if inflight == -1 else inflight
             return [Finding("async starved", f"the trainer waited for rollouts {_percent(waited)} of the step and "
                                              f"worked {_percent(worked)}: generation is the bottleneck; more "
@@ -78,11 +75,11 @@ def diagnose(report: Report) -> list[Finding]:
         return [Finding("trainer-bound", f"the trainer worked {_percent(worked)} of the step and waited for "
                                          f"rollouts {_percent(waited)}: generation keeps up, training is the "
                                          f"bottleneck")] + _trainer_knobs(report)
-    phases = {p: share[p] for p in ("generate", "score", "sync", "train", "wait")}
+    phases = {p: share[p] for p in SEQUENTIAL}
     worst = max(phases, key=phases.get)
     part = _percent(phases[worst])
     plan = report.run.plan
-    if worst == "generate":
+    if worst == Phase.GENERATE:
         if not plan.vllm.enabled:
             return [Finding("generation-bound", f"generation took {part} of the step, with transformers' generate "
                                                 "inside the trainer; vLLM generates faster", "vllm.enabled", False)]
@@ -97,18 +94,18 @@ def diagnose(report: Report) -> list[Finding]:
         return [Finding("generation-bound", f"generation took {part} of the step: a larger tensor-parallel size "
                                             "helped at 7B in the colocate post (up to 1.73x) and hurt at 1.5B",
                         "vllm.tensor_parallel_size", plan.vllm.tensor_parallel_size)]
-    if worst == "train":
+    if worst == Phase.TRAIN:
         return [Finding("trainer-bound", f"forward, backward and optimizer took {part} of the step")] \
             + _trainer_knobs(report)
-    if worst == "sync":
+    if worst == Phase.SYNC:
         return [Finding("sync-bound", f"moving weights into vLLM took {part} of the step"
                         + (" (sleep level 2 wakes vLLM and reloads its weights every step)"
                            if plan.vllm.sleep_level else ""),
                         "placement.colocate.sleep_level", plan.vllm.sleep_level)]
-    if worst == "score":
+    if worst == Phase.SCORE:
         return [Finding("scoring-bound", f"rewards and log-probabilities took {part} of the step: a slow reward "
                                          "function, or the reference model's log-probabilities (beta > 0)",
-                        "trainer.beta", _arg(report, "beta"))]
+                        "trainer.beta", plan.trainer_facts.beta)]
     return [Finding("wait-bound", f"ranks waited for each other {part} of the step: their generation times differ "
                                   "(uneven completion lengths); larger per-rank batches even them out",
-                    "trainer.per_device_train_batch_size", _arg(report, "per_device_train_batch_size"))]
+                    "trainer.per_device_train_batch_size", plan.batch.per_device_train_batch_size)]

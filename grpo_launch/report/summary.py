@@ -5,7 +5,7 @@ Throughput comes in two normalisations, each named wherever it shows:
   8 GPUs to vLLM is divided by 7);
 - per GPU held: divided by every GPU the plan holds, vLLM's and idle ones included (what a user pays for).
 On a CPU run there are no GPUs: the unit is the run's CPU process (a trainer rank, a vLLM server or replica, a
-process slot left idle), and every label says so. MFU needs the accelerator's peak (`contracts.accelerators`): "n/a"
+process slot left idle), and every label says so. MFU needs the accelerator's peak (`estimate.accelerators`): "n/a"
 on a CPU or an unknown GPU.
 
 Rates, the phase split and MFU are the steady state's: the steps after the first, which carries one-time costs
@@ -20,10 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_launch.contracts import measures as m
-from grpo_launch.contracts.accelerators import accelerator
-from grpo_launch.contracts.performance import MEASURED_AS, StepPrediction
-from grpo_launch.launch.curves import quarters
-from grpo_launch.report.run import EVAL_REWARD, RunData
+from grpo_launch.contracts.performance import StepPrediction
+from grpo_launch.contracts.phases import Phase
+from grpo_launch.estimate.accelerators import accelerator
+from grpo_launch.report.run import RunData
+
+
+def quarters(values: list[float]) -> tuple[float, float]:
+    """Mean of the first and of the last quarter of the values."""
+    n = max(1, len(values) // 4)
+    return sum(values[:n]) / n, sum(values[-n:]) / n
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class Report:
     steady_s: float                            # its wall time
     steady_completions: int
     steady_tokens: int
-    phase_s: dict[str, float]                  # seconds in the steady state, mean over ranks
+    phase_s: dict[Phase, float]                # seconds in the steady state, mean over ranks
     mfu: float | None                          # percent, over the train phase
     mfu_wall: float | None                     # percent, over the whole step
     staleness_mean: float | None
@@ -83,7 +89,7 @@ class Report:
 
     # -- derived -------------------------------------------------------------------------------------------------
     @property
-    def phase_share(self) -> dict[str, float]:
+    def phase_share(self) -> dict[Phase, float]:
         total = sum(self.phase_s.values())
         return {p: (s / total if total else 0.0) for p, s in self.phase_s.items()}
 
@@ -148,13 +154,13 @@ def summarize(run: RunData) -> Report:
     wall = sum(step_times) if step_times else None
     steady_s = _sum(settled, m.STEP_S)
     ended = max([r["time"] for r in run.training + run.measures], default=None)
-    phase_s = {p: _sum(settled, m.phase_key(p)) for p in m.PHASES}
+    phase_s = {p: _sum(settled, p.key) for p in Phase}
     row = accelerator(run.plan.gpu_type) if run.plan.device.gpus else None
     peak = row.peak_bf16_tflops if row else None
     flops = _sum(settled, m.TRAIN_FLOPS)
     mfu = mfu_wall = None
     if peak and flops:
-        train_s = phase_s["train"]
+        train_s = phase_s[Phase.TRAIN]
         mfu = 100 * flops / (train_s * units.training * peak * 1e12) if train_s else None
         mfu_wall = 100 * flops / (steady_s * units.training * peak * 1e12) if steady_s else None
     elif peak and (trl := [r[m.TRL_MFU] for r in run.training if r.get(m.TRL_MFU) is not None]):
@@ -176,8 +182,8 @@ def summarize(run: RunData) -> Report:
         phase_s=phase_s, mfu=mfu, mfu_wall=mfu_wall,
         staleness_mean=sum(staleness) / len(staleness) if staleness else None,
         staleness_max=max(worst) if worst else None,
-        rewards=[(r["step"], r["reward"]) for r in run.training if r.get("reward") is not None],
-        evals=[(r["step"], r[EVAL_REWARD]) for r in run.evals], peak_tflops=peak)
+        rewards=[(r["step"], r[m.REWARD]) for r in run.training if r.get(m.REWARD) is not None],
+        evals=[(r["step"], r[m.EVAL_REWARD]) for r in run.evals], peak_tflops=peak)
 
 
 # -- the table -----------------------------------------------------------------------------------------------------
@@ -228,7 +234,7 @@ def rows(report: Report) -> list[Row]:
         Row("phase", "  phase split (share of step time):", ""),
     ]
     share = report.phase_share
-    for phase in m.PHASES:
+    for phase in Phase:
         if report.phase_s[phase]:
             out.append(Row(f"phase/{phase}", f"    {phase}", f"{100 * share[phase]:.1f}%"))
     mfu = "n/a (a CPU)" if not run.plan.device.gpus else \
@@ -243,7 +249,7 @@ def rows(report: Report) -> list[Row]:
                                                           f"{_number(report.best_reward)}"))
     out.append(Row("reward_last_quarter", "reward: mean of the last quarter", _number(report.last_quarter_reward)))
     if report.evals:
-        out.append(Row("eval", "eval reward: final / best (steps)",
+        out.append(Row("eval_reward", "eval reward: final / best (steps)",
                        f"{_number(report.evals[-1][1])} / {_number(max(v for _, v in report.evals))} "
                        f"({', '.join(str(s) for s, _ in report.evals)})"))
     return out
@@ -256,7 +262,6 @@ def predicted_rows(p: StepPrediction) -> list[Row]:
     for phase in p.phases:  # shares of the mean step (syncs averaged in), so that they add up as measured ones do
         value = f"{100 * phase.seconds / p.step_s:.1f}%" if phase.on_trainer_clock and p.step_s else \
             f"beside: {_duration(phase.seconds)}"
-        label = f"    {MEASURED_AS[phase.name]}"
-        out.append(Row(f"phase/{MEASURED_AS[phase.name]}", label, value))
+        out.append(Row(f"phase/{phase.name}", f"    {phase.name}", value))
     out.append(Row("mfu", "  MFU (train phase)", "-" if p.mfu is None else f"{100 * p.mfu:.1f}%"))
     return out

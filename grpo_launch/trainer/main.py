@@ -8,7 +8,6 @@ logs every step to metrics.jsonl. Only the trainer package imports torch and TRL
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -18,8 +17,8 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from grpo_launch.contracts.inputs import Lora
-from grpo_launch.contracts.plan import Plan, Trainer, load_plan
-from grpo_launch.contracts.rundir import FINAL_MODEL_DIR, METRICS_FILE, PLAN_FILE, REWARDS_DIR
+from grpo_launch.contracts.plan import Plan, Trainer
+from grpo_launch.contracts.rundir import FINAL_MODEL_DIR, REWARDS_DIR, append_metrics, read_plan
 from grpo_launch.contracts.secrets import secret_names, secret_values
 from grpo_launch.trainer.data import import_target, load_training_dataset
 from grpo_launch.trainer.measure import StepMeter, instrument, measure_callback
@@ -27,6 +26,7 @@ from grpo_launch.trainer.progress import PROGRESS, step_callback, write_failure
 from grpo_launch.trainer.vllm_sync import reloads
 
 TRAINER_STATE = "trainer_state.json"  # transformers' name, written last into each checkpoint
+RUN_DIR = Path(".")  # every rank works in its run directory (`main` goes there)
 
 
 def load_reward(target: str):
@@ -39,7 +39,7 @@ def load_reward(target: str):
     return import_target(target)
 
 
-def _metrics_callback(path: Path):
+def _metrics_callback():
     from transformers import TrainerCallback
 
     class MetricsToJsonl(TrainerCallback):
@@ -47,9 +47,7 @@ def _metrics_callback(path: Path):
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if state.is_world_process_zero and logs:
-                record = {"step": state.global_step, "time": time.time(), **logs}
-                with path.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
+                append_metrics(RUN_DIR, {"step": state.global_step, "time": time.time(), **logs})
 
     return MetricsToJsonl()
 
@@ -91,8 +89,7 @@ def _common(plan: Plan, dataset, rewards, meter: StepMeter) -> dict:
                                          held_out=True)
     return dict(model=inputs.model, reward_funcs=rewards, train_dataset=dataset, eval_dataset=held_out,
                 peft_config=peft_config(inputs.lora),
-                callbacks=[_metrics_callback(Path(METRICS_FILE)), step_callback(),
-                           measure_callback(meter, Path(METRICS_FILE))])
+                callbacks=[_metrics_callback(), step_callback(), measure_callback(meter)])
 
 
 def measured(trainer, meter: StepMeter):
@@ -116,7 +113,7 @@ def train_grpo(plan: Plan, dataset, rewards) -> None:
         from grpo_launch.trainer.vllm_sync import configure_colocated_engine
 
         configure_colocated_engine(**colocated_engine_args(plan, args))
-    meter = StepMeter()
+    meter = StepMeter(RUN_DIR)
     trainer = measured(GRPOTrainer(args=args, **_common(plan, dataset, rewards, meter)), meter)
     run_trainer(trainer)
     if reload:
@@ -153,7 +150,7 @@ def train_async_loop(plan: Plan, dataset, rewards) -> None:
     """AsyncGRPOTrainer needs CUDA: where it cannot run, TRL's async pieces run in a loop of our own."""
     from grpo_launch.trainer.async_cpu import train_on_cpu
 
-    train_on_cpu(plan, dataset, rewards, peft_config(plan.trainer_inputs.lora), Path(METRICS_FILE), server_url(plan))
+    train_on_cpu(plan, dataset, rewards, peft_config(plan.trainer_inputs.lora), RUN_DIR, server_url(plan))
 
 
 def train_async_grpo(plan: Plan, dataset, rewards) -> None:
@@ -168,7 +165,7 @@ def train_async_grpo(plan: Plan, dataset, rewards) -> None:
     _untie_output_head(async_grpo_trainer)
     tokenizer = AutoTokenizer.from_pretrained(plan.trainer_inputs.model)
     ensure_response_template(tokenizer)
-    meter = StepMeter()
+    meter = StepMeter(RUN_DIR)
     args = AsyncGRPOConfig(**{**plan.trainer_args, "vllm_server_base_url": server_url(plan)})
     trainer = AsyncGRPOTrainer(args=args, processing_class=tokenizer, **_common(plan, dataset, rewards, meter))
     # Its client and rollout worker hold the URL now; the arguments, which checkpoints save, go back to the plain one.
@@ -263,7 +260,7 @@ def main() -> None:
     code = 0
     secrets: tuple[str, ...] = ()
     try:
-        plan = load_plan(PLAN_FILE).with_addresses(os.environ)  # a scheduler's job gives node addresses
+        plan = read_plan(RUN_DIR).with_addresses(os.environ)  # a scheduler's job gives node addresses
         secrets = secret_values(secret_names(plan), os.environ)
         train(plan)
     except BaseException as error:  # noqa: BLE001  (every failure must reach _exit, which passes the code on)

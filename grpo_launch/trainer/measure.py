@@ -1,7 +1,7 @@
 """Every optimizer step measured on every trainer rank: wall-clock marks around TRL's own phases.
 
 The marks wrap the trainer object's own methods (this instance only, never TRL's classes), each with the phase it
-is (`contracts.measures.PHASES`): TRL's generation call, its weight sync into vLLM, its scoring of a generation
+is (`contracts.phases.Phase`): TRL's generation call, its weight sync into vLLM, its scoring of a generation
 batch, transformers' training step, its fetch of the next batch, the accelerator's gathers, evaluation and
 checkpointing. A `PhaseClock` gives each moment to the innermost phase open then, so the phases of a step add up to
 its wall time. At the end of each step every rank hands its numbers to rank 0 (one gather of a small tensor, where
@@ -11,7 +11,6 @@ appends what it did when (its timeline) to a file of its own. Nothing here chang
 
 from __future__ import annotations
 
-import json
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -20,19 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.contracts import measures as m
-from grpo_launch.contracts.rundir import LOGS_DIR, TIMELINE_SEGMENTS
-
-# Phases inside which every nested mark counts for them: evaluation generates and scores too, and that is eval time.
-ABSORBING = ("eval", "save")
+from grpo_launch.contracts.phases import ABSORBING, BASE, Phase
+from grpo_launch.contracts.rundir import append_metrics, append_timeline
 
 
 class PhaseClock:
     """Wall time per phase, exclusive: the innermost open phase gets each moment; outside any, the base phase."""
 
-    def __init__(self, base: str = "other") -> None:
+    def __init__(self, base: Phase = BASE) -> None:
         self.stack = [base]
         self.since = self.started = time.time()
-        self.totals: dict[str, float] = defaultdict(float)
+        self.totals: dict[Phase, float] = defaultdict(float)
         self.segments: list[list] = []
 
     def start(self) -> None:
@@ -54,7 +51,7 @@ class PhaseClock:
         self.since = now
 
     @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def phase(self, name: Phase) -> Iterator[None]:
         self._switch(time.time())
         self.stack.append(self.stack[-1] if self.stack[-1] in ABSORBING else name)
         try:
@@ -63,7 +60,7 @@ class PhaseClock:
             self._switch(time.time())
             self.stack.pop()
 
-    def rebase(self, name: str) -> None:
+    def rebase(self, name: Phase) -> None:
         """From now on, time outside any marked call counts for `name` (the optimizer step after the last
         micro-batch is training; what follows the step's end is not)."""
         self._switch(time.time())
@@ -74,7 +71,7 @@ class PhaseClock:
         now = time.time()
         self._switch(now)
         share = {"start": self.started, "end": now,
-                 "phases": {p: round(self.totals.get(p, 0.0), 6) for p in m.PHASES},
+                 "phases": {p: round(self.totals.get(p, 0.0), 6) for p in Phase},
                  "segments": [[p, round(a, 4), round(b, 4)] for p, a, b in self.segments]}
         self.started = now
         self.totals.clear()
@@ -86,13 +83,15 @@ COUNTS = (m.COMPLETIONS, m.PROMPT_TOKENS, m.COMPLETION_TOKENS, m.SAMPLES_TRAINED
 
 
 class StepMeter:
-    """One rank's clock and counts for the step under way; its timeline goes to its own file (`timeline`)."""
+    """One rank's clock and counts for the step under way; its timeline goes to its own file of the run directory
+    (`timeline`: this rank's, once training starts)."""
 
-    def __init__(self, base: str = "other") -> None:
+    def __init__(self, run_dir: Path, base: Phase = BASE) -> None:
+        self.run_dir = run_dir
         self.clock = PhaseClock(base)
         self.counts: dict[str, float] = defaultdict(float)
         self.staleness: list[float] = []
-        self.timeline: Path | None = None
+        self.timeline: int | None = None
 
     def count(self, **counts: float) -> None:
         for key, value in counts.items():
@@ -104,7 +103,7 @@ class StepMeter:
         share = self.clock.close()
         segments = share.pop("segments")
         if self.timeline is not None:
-            append_record(self.timeline, {"step": step, "segments": segments})
+            append_timeline(self.run_dir, self.timeline, step, segments)
         share["counts"] = {key: self.counts.get(key, 0.0) for key in COUNTS}
         s = self.staleness
         share["staleness"] = [sum(s), max(s, default=0.0), len(s)]
@@ -118,8 +117,8 @@ def step_record(step: int, shares: list[dict[str, Any]]) -> dict[str, Any]:
     ranks = len(shares)
     record: dict[str, Any] = {"step": step, "time": shares[0]["end"],
                               m.STEP_S: round(shares[0]["end"] - shares[0]["start"], 6)}
-    for phase in m.PHASES:
-        record[m.phase_key(phase)] = round(sum(s["phases"][phase] for s in shares) / ranks, 6)
+    for phase in Phase:
+        record[phase.key] = round(sum(s["phases"][phase] for s in shares) / ranks, 6)
     for key in COUNTS:
         total = sum(s["counts"][key] for s in shares)
         record[key] = int(total) if key != m.TRAIN_FLOPS else float(total)
@@ -133,25 +132,14 @@ def step_record(step: int, shares: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _pack(share: dict[str, Any]) -> list[float]:
-    return [share["start"], share["end"], *(share["phases"][p] for p in m.PHASES),
+    return [share["start"], share["end"], *(share["phases"][p] for p in Phase),
             *(share["counts"][k] for k in COUNTS), *share["staleness"]]
 
 
 def _unpack(values: list[float]) -> dict[str, Any]:
-    phases, rest = values[2:2 + len(m.PHASES)], values[2 + len(m.PHASES):]
-    return {"start": values[0], "end": values[1], "phases": dict(zip(m.PHASES, phases, strict=True)),
+    phases, rest = values[2:2 + len(Phase)], values[2 + len(Phase):]
+    return {"start": values[0], "end": values[1], "phases": dict(zip(Phase, phases, strict=True)),
             "counts": dict(zip(COUNTS, rest[:len(COUNTS)], strict=True)), "staleness": rest[len(COUNTS):]}
-
-
-def timeline_file(rank: int) -> Path:
-    path = Path(LOGS_DIR) / TIMELINE_SEGMENTS.format(rank=rank)
-    path.parent.mkdir(exist_ok=True)
-    return path
-
-
-def append_record(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
 
 
 def flops_per_token(config, seq_len: float) -> float:
@@ -168,7 +156,7 @@ def batch_tokens(batch: dict) -> tuple[int, int, int] | None:
             int(batch["completion_mask"].sum()))
 
 
-def _timed(clock: PhaseClock, phase: str, call: Callable, after: str | None = None) -> Callable:
+def _timed(clock: PhaseClock, phase: Phase, call: Callable, after: Phase | None = None) -> Callable:
     def timed(*args, **kwargs):
         with clock.phase(phase):
             out = call(*args, **kwargs)
@@ -196,15 +184,15 @@ def instrument(trainer, meter: StepMeter) -> None:
     generated and trained."""
     clock = meter.clock
     marks = (  # (object, method, phase, the base phase after it returns)
-        (trainer, "training_step", "train", "train"),          # forward + backward; TRL generates inside it
-        (trainer, "_generate_and_score_completions", "score", None),
-        (trainer, "_generate_single_turn", "generate", None),
-        (getattr(trainer, "vllm_generation", None), "sync_weights", "sync", None),
-        (trainer, "_sync_weight", "sync", None),                # AsyncGRPOTrainer's adapter or weight publish
-        (trainer, "get_batch_samples", "wait", None),           # the next batch: rollouts, in async
-        (trainer.accelerator, "gather", "wait", None),
-        (trainer, "evaluate", "eval", None),
-        (trainer, "_save_checkpoint", "save", None),
+        (trainer, "training_step", Phase.TRAIN, Phase.TRAIN),  # forward + backward; TRL generates inside it
+        (trainer, "_generate_and_score_completions", Phase.SCORE, None),
+        (trainer, "_generate_single_turn", Phase.GENERATE, None),
+        (getattr(trainer, "vllm_generation", None), "sync_weights", Phase.SYNC, None),
+        (trainer, "_sync_weight", Phase.SYNC, None),            # AsyncGRPOTrainer's adapter or weight publish
+        (trainer, "get_batch_samples", Phase.WAIT, None),       # the next batch: rollouts, in async
+        (trainer.accelerator, "gather", Phase.WAIT, None),
+        (trainer, "evaluate", Phase.EVAL, None),
+        (trainer, "_save_checkpoint", Phase.SAVE, None),
     )
     for owner, name, phase, after in marks:
         if owner is not None and callable(getattr(owner, name, None)):
@@ -242,21 +230,21 @@ def gather_shares(share: dict[str, Any]) -> list[dict[str, Any]] | None:
     return [_unpack(t.tolist()) for t in out] if out is not None else None
 
 
-def measure_callback(meter: StepMeter, metrics_path: Path):
+def measure_callback(meter: StepMeter):
     """A transformers callback that starts the clock with training and writes each step's measure record."""
     from transformers import TrainerCallback
 
     class MeasureSteps(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
-            meter.timeline = timeline_file(args.process_index)
+            meter.timeline = args.process_index
             meter.clock.start()
 
         def on_step_end(self, args, state, control, **kwargs):
-            meter.clock.rebase("other")  # logging and saving follow; the next step's marks say the rest
+            meter.clock.rebase(BASE)  # logging and saving follow; the next step's marks say the rest
             share = meter.close(state.global_step)
-            with meter.clock.phase("wait"):  # the ranks meet here anyway, after the optimizer step
+            with meter.clock.phase(Phase.WAIT):  # the ranks meet here anyway, after the optimizer step
                 shares = gather_shares(share)
             if shares is not None:
-                append_record(metrics_path, step_record(state.global_step, shares))
+                append_metrics(meter.run_dir, step_record(state.global_step, shares))
 
     return MeasureSteps()

@@ -7,13 +7,12 @@ the last log lines, where several ranks' tracebacks and the launcher's own repor
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import traceback
 from pathlib import Path
 
-from grpo_launch.contracts.rundir import LOGS_DIR, TRAINER_FAILURE
+from grpo_launch.contracts.rundir import TrainerFailure, write_trainer_failure
 from grpo_launch.contracts.secrets import redact
 
 
@@ -52,9 +51,7 @@ def rank() -> int:
 
 def write_failure(error: BaseException, secrets: tuple[str, ...]) -> None:
     """The failure record of this rank, in the run directory (the working directory), without the `secrets`."""
-    record = {"rank": rank(), "phase": PROGRESS.phase, "step": PROGRESS.step, "time": time.time(),
-              "error": redact("".join(traceback.format_exception_only(error)).strip(), secrets),
-              "traceback": redact("".join(traceback.format_exception(error)), secrets)}
-    path = Path(LOGS_DIR) / TRAINER_FAILURE.format(rank=record["rank"])
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    write_trainer_failure(Path("."), TrainerFailure(
+        rank=rank(), phase=PROGRESS.phase, step=PROGRESS.step, time=time.time(),
+        error=redact("".join(traceback.format_exception_only(error)).strip(), secrets),
+        traceback=redact("".join(traceback.format_exception(error)), secrets)))

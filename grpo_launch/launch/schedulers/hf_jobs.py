@@ -32,21 +32,20 @@ from typing import Any
 
 from rich.console import Console
 
-from grpo_launch.contracts.plan import JobSpec, Plan
-from grpo_launch.contracts.rundir import LOGS_DIR, METRICS_FILE, WHEELS_DIR
-from grpo_launch.contracts.schedulers import HfJobsSettings, run_group
+from grpo_launch.contracts.plan import JobSpec, Plan, Role
+from grpo_launch.contracts.rundir import LOGS_DIR, WHEELS_DIR, Submitted, read_submitted, write_submitted
+from grpo_launch.contracts.schedulers import DEFAULT_BUCKET_NAME, HfJobsSettings, run_group
 from grpo_launch.errors import UserError
 from grpo_launch.launch.display import ConsoleDisplay
 from grpo_launch.launch.follow import node_failures
 from grpo_launch.launch.result import EXIT_INTERRUPTED, TAIL_LINES, Failure, RunResult
 from grpo_launch.launch.schedulers import hf_jobs_preflight
-from grpo_launch.launch.schedulers.base import Launcher, Options, RunLogs, read_submitted, record_submitted
+from grpo_launch.launch.schedulers.base import Launcher, Options, RunLogs
 from grpo_launch.launch.supervisor import STOP_SIGNALS, Supervisor
 from grpo_launch.launch.wheel import build_wheel
 
 MIN_VERSION = (1, 32)               # huggingface_hub: Jobs with network groups (1.32), buckets and exposed ports
 TERMINAL = ("COMPLETED", "CANCELED", "ERROR", "DELETED")
-DEFAULT_BUCKET_NAME = "grpo-runs"
 TICK_S = 0.2
 HEALTH_POLL_S = 1.0
 CANCEL_WAIT_S = 120.0               # after cancelling, how long `grpo run` waits for every Job to say it ended
@@ -121,7 +120,7 @@ class JobsRun:
         self.failures: list[Failure] = []
         self.presses = 0
         roles = {p.name: p.role for p in plan.processes}
-        self.trainers = {j.name for j in plan.scheduler.jobs if any(roles[p] == "trainer" for p in j.processes)}
+        self.trainers = {j.name for j in plan.scheduler.jobs if any(roles[p] == Role.TRAINER for p in j.processes)}
         self.trainer_failed = False
 
     # -- the Hub ------------------------------------------------------------------------------------------------
@@ -145,8 +144,8 @@ class JobsRun:
             expose=list(spec.expose) or None, network_group=self.group, network_aliases=[spec.name],
             namespace=self.namespace)
         self.ids.append(job.id)
-        record_submitted(self.run_dir, "hf-jobs", self.ids, namespace=self.namespace, bucket=self.bucket,
-                         folder=self.group)
+        write_submitted(self.run_dir, Submitted("hf-jobs", tuple(self.ids), time.time(), namespace=self.namespace,
+                                                bucket=self.bucket, folder=self.group))
         running = Running(spec, job.id, self.run_dir / LOGS_DIR / f"{spec.name}.job.log")
         self.jobs[spec.name] = running
         self.display.say(f"{spec.name}: Job {job.id} ({spec.flavor}) {job.url}")
@@ -265,8 +264,7 @@ class JobsRun:
                 continue
             self._inspect(job)
             if not job.ended:
-                if job.spec.health and not job.ready and time.monotonic() - job.since > (job.spec.ready_timeout_s
-                                                                                         or float("inf")):
+                if job.spec.health and not job.ready and time.monotonic() - job.since > job.spec.ready_timeout_s:
                     self._fail(job, f"did not answer {job.spec.health} within {job.spec.ready_timeout_s:g} s")
                 continue
             if not job.spec.supervisor:
@@ -355,7 +353,7 @@ class JobsRun:
             return
         for spec in supervisors:
             self._submit(spec)
-        self.display.training(self.run_dir / METRICS_FILE, self.plan.trainer_inputs.max_steps)
+        self.display.training(self.run_dir, self.plan.trainer_inputs.max_steps)
         self._loop(self._trained, training=True)
 
     def _on_signal(self, signum, frame) -> None:
@@ -401,7 +399,7 @@ class JobsRun:
         return result
 
 
-class HfJobs(Launcher):
+class HfJobs(Launcher[HfJobsSettings]):
     name = "hf-jobs"
     reach = "uploaded to its folder of the Storage Bucket, mounted in every Job at the same path"
     preflight = True
@@ -414,8 +412,9 @@ class HfJobs(Launcher):
         return (f"huggingface_hub >= {'.'.join(map(str, MIN_VERSION))} is needed here ({have}): nothing submitted. "
                 f"pip install 'grpo-launch[hf-jobs]', `hf auth login`, then:")
 
-    def prepare(self, plan: Plan, settings: HfJobsSettings, options: Options, console: Console) -> Plan:
+    def prepare(self, plan: Plan, options: Options, console: Console) -> Plan:
         """Logged in, and every secret the Jobs take set here: before anything is written or submitted."""
+        settings = self.settings(plan)
         token = _token()
         if not token:
             raise UserError("not logged in to the Hugging Face Hub: the Jobs are submitted with your token",
@@ -430,14 +429,13 @@ class HfJobs(Launcher):
     def keeps_metrics(self, plan: Plan, options: Options) -> bool:
         return True  # the bucket's copy of the run directory comes back at the end
 
-    def run(self, plan: Plan, run_dir: Path, settings: HfJobsSettings, console: Console,
-            options: Options) -> RunResult:
-        return JobsRun(plan, run_dir, settings, console, options).run()
+    def run(self, plan: Plan, run_dir: Path, console: Console, options: Options) -> RunResult:
+        return JobsRun(plan, run_dir, self.settings(plan), console, options).run()
 
-    def stop(self, plan: Plan, run_dir: Path, settings: HfJobsSettings, console: Console) -> int:
+    def stop(self, plan: Plan, run_dir: Path, console: Console) -> int:
         record = read_submitted(run_dir)
-        api, namespace = _hub(), record["namespace"]
-        for job_id in record["ids"]:
+        api, namespace = _hub(), record.namespace
+        for job_id in record.ids:
             stage = str(api.inspect_job(job_id=job_id, namespace=namespace).status.stage)
             if stage in TERMINAL:
                 console.print(f"Job {job_id}: {stage}")
@@ -446,9 +444,9 @@ class HfJobs(Launcher):
             console.print(f"[bold]cancelled[/] Job {job_id} (was {stage})")
         return 0
 
-    def logs(self, plan: Plan, run_dir: Path, settings: HfJobsSettings) -> RunLogs:
+    def logs(self, plan: Plan, run_dir: Path) -> RunLogs:
         record = read_submitted(run_dir)
-        folder = f"hf://buckets/{record['bucket']}/{record['folder']}"
+        folder = f"hf://buckets/{record.bucket}/{record.folder}"
         return RunLogs(f"{folder}/{LOGS_DIR}/ (each Job's own output: {run_dir / LOGS_DIR}/<job>.job.log)",
                        ("hf", "buckets", "sync", folder, str(run_dir)))
 

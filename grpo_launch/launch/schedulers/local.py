@@ -8,18 +8,18 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.rundir import Submitted, read_submitted, write_submitted
 from grpo_launch.errors import UserError
 from grpo_launch.launch.node import prepare_node, run_nodes
 from grpo_launch.launch.result import RunResult
-from grpo_launch.launch.schedulers.base import Launcher, Options, read_submitted, record_submitted
+from grpo_launch.launch.schedulers.base import Launcher, Options
 
-STOP_WAIT_S = 120.0  # how long `grpo stop` waits for the run to end (its own grace period is 15 s by default)
+STOP_WAIT_S = 120.0  # how long `grpo stop` waits for the run to end (its own grace period: --grace, GRACE_S)
 
 
 def _is_grpo(pid: int) -> bool:
@@ -30,32 +30,33 @@ def _is_grpo(pid: int) -> bool:
         return False
 
 
-class Local(Launcher):
+class Local(Launcher[None]):
     name = "local"
     reach = "this machine's own directory (other machines of the plan: the same run.dir on shared storage)"
     node_rank = True
 
-    def prepare(self, plan: Plan, settings: Any, options: Options, console: Console) -> Plan:
+    def prepare(self, plan: Plan, options: Options, console: Console) -> Plan:
         return prepare_node(plan, options.nodes, console)  # addresses, ports, environment: before anything is written
 
     def keeps_metrics(self, plan: Plan, options: Options) -> bool:
         # the node of trainer rank 0 logs the metrics; other nodes sharing run.dir leave the curve be
         return any(0 in p.ranks for p in plan.processes if p.node in options.nodes)
 
-    def run(self, plan: Plan, run_dir: Path, settings: Any, console: Console, options: Options) -> RunResult:
+    def run(self, plan: Plan, run_dir: Path, console: Console, options: Options) -> RunResult:
         if options.join and plan.nodes > 1:
             console.print(f"[yellow]node {options.nodes[0]} of {plan.nodes}: start the others (`grpo run --node-rank "
                           f"K`, the same run.dir) within run.rendezvous_timeout_s[/]")
-        record_submitted(run_dir, self.name, [str(os.getpid())], host=socket.gethostname(), nodes=list(options.nodes))
+        write_submitted(run_dir, Submitted(self.name, (str(os.getpid()),), time.time(), host=socket.gethostname(),
+                                           nodes=tuple(options.nodes)))
         return run_nodes(plan, run_dir, options.nodes, grace_s=options.grace_s, console=console,
                          verbose=options.verbose)
 
-    def stop(self, plan: Plan, run_dir: Path, settings: Any, console: Console) -> int:
+    def stop(self, plan: Plan, run_dir: Path, console: Console) -> int:
         record = read_submitted(run_dir)
-        if record.get("host") != socket.gethostname():
-            raise UserError(f"{run_dir} was started on {record.get('host')}, not here", key="RUN_DIR",
-                            hint=f"run `grpo stop {run_dir}` on {record.get('host')}")
-        pid = int(record["ids"][0])
+        if record.host != socket.gethostname():
+            raise UserError(f"{run_dir} was started on {record.host}, not here", key="RUN_DIR",
+                            hint=f"run `grpo stop {run_dir}` on {record.host}")
+        pid = int(record.ids[0])
         if not _is_grpo(pid):
             console.print(f"[bold]nothing to stop[/]: the run of {escape(str(run_dir))} (pid {pid}) has ended")
             return 0

@@ -5,20 +5,22 @@ stops following only; `grpo stop RUN_DIR` cancels the job (`sky cancel`), and `s
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.rundir import Submitted, write_submitted
 from grpo_launch.contracts.schedulers import SKY_WORKDIR, SkyPilotSettings
 from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.launch.result import RunResult
-from grpo_launch.launch.schedulers.base import Launcher, Options, RunLogs, record_submitted
+from grpo_launch.launch.schedulers.base import Launcher, Options, RunLogs
 from grpo_launch.launch.spawn import child_environment
 
 
-class SkyPilot(Launcher):
+class SkyPilot(Launcher[SkyPilotSettings]):
     name = "skypilot"
     reach = "SkyPilot copies it to every node as the task's workdir"
     not_installed = ("SkyPilot is not installed here: nothing launched. Install it with your cloud's extra (pip "
@@ -27,24 +29,23 @@ class SkyPilot(Launcher):
     def keeps_metrics(self, plan: Plan, options: Options) -> bool:
         return False  # they stay on node 0 (logs() says how to copy them here)
 
-    def run(self, plan: Plan, run_dir: Path, settings: SkyPilotSettings, console: Console,
-            options: Options) -> RunResult:
+    def run(self, plan: Plan, run_dir: Path, console: Console, options: Options) -> RunResult:
         cluster = plan.scheduler.cluster
-        record_submitted(run_dir, self.name, [cluster])
+        write_submitted(run_dir, Submitted(self.name, (cluster,), time.time()))
         console.print("[bold]launching[/] " + escape(
             f"{shell_line(plan.scheduler.submit)} in {shell_word(str(run_dir))}. Ctrl-C stops following only: "
             f"`{shell_line(['grpo', 'stop', str(run_dir)])}` (`{shell_line(['sky', 'cancel', cluster])}`) stops the "
             f"job, `{shell_line(['sky', 'down', cluster])}` releases the nodes"))
         return RunResult(code=subprocess.run(plan.scheduler.submit, cwd=run_dir, env=child_environment({})).returncode)
 
-    def stop(self, plan: Plan, run_dir: Path, settings: SkyPilotSettings, console: Console) -> int:
+    def stop(self, plan: Plan, run_dir: Path, console: Console) -> int:
         cluster = plan.scheduler.cluster
         console.print("[bold]cancelling[/] " + escape(
             f"the job on {cluster}: {shell_line(['sky', 'cancel', '--yes', '--all', cluster])} "
             f"(`{shell_line(['sky', 'down', cluster])}` releases the nodes)"))
         return subprocess.run(["sky", "cancel", "--yes", "--all", cluster], env=child_environment({})).returncode
 
-    def logs(self, plan: Plan, run_dir: Path, settings: SkyPilotSettings) -> RunLogs:
+    def logs(self, plan: Plan, run_dir: Path) -> RunLogs:
         cluster = plan.scheduler.cluster
         # metrics.jsonl and the logs from node 0's copy of the run directory, over the SSH host SkyPilot names after
         # the cluster (`sky status` writes its ssh config); checkpoints stay there. Trainer rank 0, which writes the

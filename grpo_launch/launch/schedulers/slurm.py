@@ -10,17 +10,19 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
 from grpo_launch.contracts.plan import Plan
+from grpo_launch.contracts.rundir import Submitted, read_submitted, write_submitted
 from grpo_launch.contracts.schedulers import SlurmSettings
 from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.errors import UserError
 from grpo_launch.launch.follow import Job
-from grpo_launch.launch.schedulers.base import JobLauncher, read_submitted, record_submitted
+from grpo_launch.launch.schedulers.base import JobLauncher
 from grpo_launch.launch.spawn import child_environment
 
 # Every state of a job that has not ended (squeue's and scontrol's names).
@@ -89,7 +91,7 @@ class SlurmJob(Job):
         self._run("scancel", *(["--signal=KILL", "--full"] if presses > 1 else []), self.id)
 
 
-class Slurm(JobLauncher):
+class Slurm(JobLauncher[SlurmSettings]):
     name = "slurm"
     reach = "every node must see it: shared storage"
     not_installed = ("Slurm is not installed here: nothing submitted. On a Slurm login node, with the run directory "
@@ -105,10 +107,10 @@ class Slurm(JobLauncher):
             return False
         return ping.returncode == 0 and " is UP" in ping.stdout
 
-    def poll_s(self, settings: SlurmSettings) -> float:
-        return settings.poll_s
+    def poll_s(self, plan: Plan) -> float:
+        return self.settings(plan).poll_s
 
-    def submit(self, plan: Plan, run_dir: Path, settings: SlurmSettings, console: Console) -> SlurmJob:
+    def submit(self, plan: Plan, run_dir: Path, console: Console) -> SlurmJob:
         env = job_environment()
         done = subprocess.run(plan.scheduler.submit, cwd=run_dir, env=env, capture_output=True, text=True,
                               timeout=120)
@@ -118,13 +120,13 @@ class Slurm(JobLauncher):
                                                         f"request (scheduler.slurm.*) in "
                                                         f"{run_dir / plan.scheduler.job_file}")
         job = SlurmJob(done.stdout.strip().split(";")[0], env)
-        record_submitted(run_dir, self.name, [job.id])
+        write_submitted(run_dir, Submitted(self.name, (job.id,), time.time()))
         console.print("[bold]submitted[/] " + escape(f"{job.name} ({shell_line(plan.scheduler.submit)} in "
                                                       f"{shell_word(str(run_dir))}); Ctrl-C cancels it"))
         return job
 
-    def stop(self, plan: Plan, run_dir: Path, settings: SlurmSettings, console: Console) -> int:
-        job = SlurmJob(read_submitted(run_dir)["ids"][0], job_environment())
+    def stop(self, plan: Plan, run_dir: Path, console: Console) -> int:
+        job = SlurmJob(read_submitted(run_dir).ids[0], job_environment())
         try:
             state, ended = job.state()
         except RuntimeError:  # Slurm forgot it: ended longer ago than the cluster's MinJobAge

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config
+from grpo_launch.contracts import trl_fields
 from grpo_launch.contracts.devices import CPU, Device
 from grpo_launch.contracts.hosts import EVERY_INTERFACE, LOOPBACK
+from grpo_launch.contracts.phases import Phase
 from grpo_launch.contracts.plan import (
     Batch,
     Engine,
@@ -31,12 +32,8 @@ from grpo_launch.contracts.plan import (
 from grpo_launch.contracts.proxy import proxy_argv, unguarded_exposure
 from grpo_launch.contracts.vllm import ADAPTER_SUBDIR, VLLM_LORA_RANKS
 from grpo_launch.errors import UserError, collect
-from grpo_launch.memory.estimate import Workload
-from grpo_launch.plan.context import Context, PlacementResult
-from grpo_launch.plan.layout import Layout, dedicated_layout
-from grpo_launch.plan.placements.base import Placement
-from grpo_launch.plan.serving import check_block_size, check_servers_enabled, serve_batch_limits, served_engine
-from grpo_launch.plan.step_time import (
+from grpo_launch.estimate.memory import Workload
+from grpo_launch.estimate.step_time import (
     ADAPTER_SYNC_S,
     ROW_FILL,
     Lengths,
@@ -45,6 +42,10 @@ from grpo_launch.plan.step_time import (
     StepSplit,
     TrainingBatch,
 )
+from grpo_launch.plan.context import Context, PlacementResult
+from grpo_launch.plan.layout import Layout, dedicated_layout
+from grpo_launch.plan.placements.base import Placement
+from grpo_launch.plan.serving import check_block_size, check_servers_enabled, serve_batch_limits, served_engine
 from grpo_launch.plan.trainer_args import output_dir
 from grpo_launch.plan.trl_rules import check_num_generations
 
@@ -258,24 +259,23 @@ class AsyncLora(Placement):
         weight_sync_steps steps, the replicas paused) adds to it. In-flight requests bound how many sequences each
         replica runs; staleness and the queue only bound how far generation may run ahead."""
         plan, batch = model.plan, model.batch
-        get = lambda name: trl_fields.effective(plan.trainer_args, self.trainer_class, name)  # noqa: E731
-        in_flight = get("max_inflight_tasks")
+        b = plan.batch
+        in_flight = b.rollouts.max_inflight_tasks
         if in_flight < 0:  # TRL's automatic value: max_staleness x the fixed-count batch of a step
-            b = plan.batch
-            in_flight = max(get("max_staleness"), 1) * b.per_device_train_batch_size \
+            in_flight = max(b.rollouts.max_staleness, 1) * b.per_device_train_batch_size \
                 * b.gradient_accumulation_steps * plan.world_size
         generation, how = model.stream_generation(batch.samples, in_flight)
         training = model.training
-        every = get("weight_sync_steps")
+        every = plan.trainer_facts.weight_sync_steps
         sync = ADAPTER_SYNC_S / every
         busy = max(training.seconds, generation)
         waiting = max(0.0, generation - training.seconds)
-        phases = (PhaseTime("generation", generation, on_trainer_clock=False,
+        phases = (PhaseTime(Phase.GENERATE, generation, on_trainer_clock=False,
                             detail=f"the replicas' busy time for {batch.samples:.0f} samples: {how}"),
-                  PhaseTime("weight_sync", sync, detail=f"an adapter through files every {every} step(s), "
-                                                        f"{ADAPTER_SYNC_S:g} s each"),
-                  PhaseTime("training", training.seconds, detail=training.detail),
-                  PhaseTime("waiting", waiting, detail="the trainer waiting for rollouts"))
+                  PhaseTime(Phase.SYNC, sync, detail=f"an adapter through files every {every} step(s), "
+                                                     f"{ADAPTER_SYNC_S:g} s each"),
+                  PhaseTime(Phase.TRAIN, training.seconds, detail=training.detail),
+                  PhaseTime(Phase.WAIT, waiting, detail="the trainer waiting for rollouts"))
         if generation > training.seconds:
             bottleneck = (f"generation: the replicas need {generation:.1f} s per step against the trainer's "
                           f"{training.seconds:.1f} s (more replicas or trainer.max_inflight_tasks, now {in_flight})")

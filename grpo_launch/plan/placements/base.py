@@ -5,13 +5,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from grpo_launch.compose import trl_fields
 from grpo_launch.compose.schema import Config
+from grpo_launch.contracts import trl_fields
 from grpo_launch.contracts.devices import CPU, Device
 from grpo_launch.contracts.plan import Batch, Plan, Trainer, VllmSettings
-from grpo_launch.memory.estimate import Workload
+from grpo_launch.estimate.memory import Workload
+from grpo_launch.estimate.step_time import Lengths, StepModel, StepSplit, TrainingBatch
 from grpo_launch.plan.context import Context, PlacementResult
-from grpo_launch.plan.step_time import Lengths, StepModel, StepSplit, TrainingBatch
 from grpo_launch.plan.trl_rules import grpo_batch
 
 
@@ -66,12 +66,12 @@ class Placement(ABC):
 
     def workload(self, plan: Plan, seq_len: int) -> Workload:
         """What one trainer rank computes per micro-batch (GRPOTrainer: whole sequences, completion logits)."""
-        get = lambda name: trl_fields.effective(plan.trainer_args, self.trainer_class, name)  # noqa: E731
+        facts = plan.trainer_facts
         per_device = plan.batch.per_device_train_batch_size
-        completion = min(get("max_completion_length"), seq_len)
+        completion = min(facts.max_completion_length, seq_len)
         return Workload(tokens=per_device * seq_len, logit_tokens=per_device * completion,
-                        reference_model=get("beta") > 0 and plan.trainer_inputs.lora is None,
-                        gather_for_generation=bool(get("ds3_gather_for_generation")),
+                        reference_model=facts.beta > 0 and plan.trainer_inputs.lora is None,
+                        gather_for_generation=facts.gather_for_generation,
                         generation_sequences=plan.batch.rounds.generation_batch_size // plan.world_size)
 
     def training_batch(self, plan: Plan, lengths: Lengths) -> TrainingBatch:
@@ -79,15 +79,14 @@ class Placement(ABC):
         longest completion of the rank's generation batch; an extra forward per generation scores the old
         log-probabilities (with vLLM's importance-sampling correction, TRL's default, or when generation and
         optimizer steps are misaligned), and one more runs the reference model (beta > 0, full weights)."""
-        get = lambda name: trl_fields.effective(plan.trainer_args, self.trainer_class, name)  # noqa: E731
-        b = plan.batch
+        b, facts = plan.batch, plan.trainer_facts
         per_device, accumulation, steps = (b.per_device_train_batch_size, b.gradient_accumulation_steps,
                                            b.rounds.steps_per_generation)
-        iterations = get("num_iterations")
+        iterations = facts.num_iterations
         padded = lengths.prompt + lengths.longest(per_device * steps)
-        scoring = (plan.vllm.enabled and get("vllm_importance_sampling_correction")) or \
+        scoring = (plan.vllm.enabled and facts.importance_sampling_correction) or \
             accumulation % (steps * iterations) != 0
-        reference = get("beta") > 0 and plan.trainer_inputs.lora is None
+        reference = facts.beta > 0 and plan.trainer_inputs.lora is None
         extra = (scoring + reference) / iterations
         what = ", ".join(w for w, on in (("old-logprob forward", scoring), ("reference forward", reference)) if on)
         return TrainingBatch(micro_batches=accumulation, tokens=per_device * padded, sequence=padded,
@@ -98,7 +97,7 @@ class Placement(ABC):
 
     @abstractmethod
     def step_time(self, model: StepModel) -> StepSplit:
-        """How this placement's phases combine into one optimizer step (the model's costs, `plan.step_time`)."""
+        """How this placement's phases combine into one optimizer step (the model's costs, `estimate.step_time`)."""
 
     def model_args(self, config: Config) -> dict[str, Any]:
         """How the model's settings reach TRL: its own `dtype` field where the config class has one, else the

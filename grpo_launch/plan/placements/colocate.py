@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from grpo_launch.compose.trl_fields import trl_version
 from grpo_launch.contracts.plan import Batch, Colocated, Engine, Plan, Trainer, VllmSettings
+from grpo_launch.contracts.trl_fields import trl_version
 from grpo_launch.errors import UserError, collect
+from grpo_launch.estimate.step_time import StepModel, StepSplit, one_after_another
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import Layout, shared_layout
 from grpo_launch.plan.placements.base import Placement, trl_weight_sync
-from grpo_launch.plan.step_time import StepModel, StepSplit, one_after_another
 
 # TRL builds the colocated engine with LLM(max_num_batched_tokens=4096) (trl/generation/vllm_generation.py).
 TRL_BATCHED_TOKENS = 4096

@@ -9,12 +9,12 @@ the trainer writes its weights into the run directory and the server reloads the
 from __future__ import annotations
 
 from grpo_launch.contracts.devices import WeightSync
-from grpo_launch.contracts.plan import Plan, Role, ServerEndpoint, Trainer, VllmSettings
+from grpo_launch.contracts.plan import Plan, ServerEndpoint, Trainer, VllmSettings
+from grpo_launch.estimate.step_time import StepModel, StepSplit, one_after_another
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import dedicated_layout
 from grpo_launch.plan.placements.base import Placement, trl_weight_sync
 from grpo_launch.plan.serving import check_servers_enabled, serve_batch_limits, served_engine
-from grpo_launch.plan.step_time import StepModel, StepSplit, one_after_another
 
 
 class Server(Placement):
@@ -50,7 +50,7 @@ class Server(Placement):
         weights go from trainer rank 0 to the server over NCCL in between."""
         plan = model.plan
         server = plan.engines[0]
-        across = server.node not in {p.node for p in plan.processes if p.role == Role.TRAINER}
+        across = server.node not in plan.trainer_nodes
         gather = model.gather_s()
         sync = (gather + model.broadcast_s(across), ("weights gathered from their shards, " if gather else "")
                 + f"broadcast to the server {'across nodes' if across else 'inside the node'}")

@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from grpo_launch.compose.schema import Config
+from grpo_launch.compose.schema import Scheduler as SchedulerSection
 from grpo_launch.contracts import hosts
-from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, Role, SchedulerPlan, VerbatimLine
+from grpo_launch.contracts.plan import NodeGroup, Plan, SchedulerPlan, VerbatimLine
 from grpo_launch.errors import UserError
 from grpo_launch.plan.layout import Layout
 
@@ -47,15 +48,14 @@ class Scheduler(ABC):
         """What the plan view should warn about how the processes reach the machines."""
         return []
 
-    def on_cpu(self, section: Any) -> Any:
+    def on_cpu(self, section: SchedulerSection) -> SchedulerSection:
         """The `scheduler` section as a CPU rehearsal of the plan submits it (no GPU request)."""
         return section
 
     @abstractmethod
-    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec],
-            prepare: Sequence[PrepareStep]) -> tuple[SchedulerPlan, dict[str, Any]]:
-        """How the processes reach the machines, and the job file(s) that do it (`prepare`: what runs once before any
-        process)."""
+    def job(self, config: Config, plan: Plan) -> tuple[SchedulerPlan, dict[str, Any]]:
+        """How the plan's processes reach the machines, and the job file(s) that do it (documents by file name); the
+        plan has no scheduler yet."""
 
 
 def setup_lines(config: Config) -> tuple[VerbatimLine, ...]:
@@ -63,15 +63,15 @@ def setup_lines(config: Config) -> tuple[VerbatimLine, ...]:
     return tuple(VerbatimLine("scheduler.setup", line) for line in config.scheduler.setup)
 
 
-def node_groups(processes: Sequence[ProcessSpec], nodes: int, command: str) -> tuple[NodeGroup, NodeGroup | None]:
+def node_groups(plan: Plan, command: str) -> tuple[NodeGroup, NodeGroup | None]:
     """The nodes that train (they end with training) and those that only serve (stopped once training ended)."""
-    trainer_nodes = tuple(sorted({p.node for p in processes if p.role == Role.TRAINER}))
-    serving = tuple(n for n in range(nodes) if n not in trainer_nodes)
-    trainers = NodeGroup("trainer", trainer_nodes, tuple(p.name for p in processes if p.node in trainer_nodes),
+    serving = tuple(n for n in range(plan.nodes) if n not in plan.trainer_nodes)
+    trainers = NodeGroup("trainer", plan.trainer_nodes, tuple(p.name for p in plan.processes
+                                                              if p.node in plan.trainer_nodes),
                          command, "when training ends; a node that fails stops the others")
     if not serving:
         return trainers, None
-    services = NodeGroup("services", serving, tuple(p.name for p in processes if p.node in serving), command,
+    services = NodeGroup("services", serving, tuple(p.name for p in plan.processes if p.node in serving), command,
                          "stopped once the trainer nodes end; a node that fails stops the job")
     return trainers, services
 

@@ -25,9 +25,15 @@ from typing import Any
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts import hosts
 from grpo_launch.contracts.devices import device_of
-from grpo_launch.contracts.plan import JobSpec, NodeGroup, PrepareStep, ProcessSpec, Role, SchedulerPlan
+from grpo_launch.contracts.plan import JobSpec, NodeGroup, Plan, PrepareStep, Role, SchedulerPlan
 from grpo_launch.contracts.rundir import HF_JOBS_FILE, WHEELS_DIR
-from grpo_launch.contracts.schedulers import GROUP_LENGTH, RECIPE_LENGTH, HfJobsSettings, job_name_part
+from grpo_launch.contracts.schedulers import (
+    DEFAULT_BUCKET_NAME,
+    GROUP_LENGTH,
+    RECIPE_LENGTH,
+    HfJobsSettings,
+    job_name_part,
+)
 from grpo_launch.contracts.shell import shell_word
 from grpo_launch.contracts.vllm import VLLM_VERSION
 from grpo_launch.errors import UserError, did_you_mean
@@ -63,7 +69,6 @@ FLAVORS = {
 EXPOSED_PORTS_PER_HOUR = 0.01                  # a Job exposing ports, on top of its flavor (PRICES_SOURCE)
 GPU_FAMILY = ("h200", "h200x2", "h200x4", "h200x8")  # the seed's: what a GPU Job gets when no flavor is given
 CPU_FLAVOR = "cpu-upgrade"                     # 8 vCPU, 32 GB: a CPU Job's when no flavor is given
-DEFAULT_BUCKET_NAME = "grpo-runs"              # <namespace>/grpo-runs when scheduler.hf_jobs.bucket is null
 GROUP_PREFIX = "${HF_NETWORK_GROUP_PREFIX}"    # set in every Job of a network group; + alias = that Job's host
 HEALTH = "/health"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -203,11 +208,10 @@ class HfJobs(Scheduler):
         placement = replace(config.placement, trainer_nodes=len(layout.trainer_nodes))
         return replace(config, cluster=cluster, placement=placement), trainer_gpus
 
-    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec],
-            prepare: Sequence[PrepareStep]) -> tuple[SchedulerPlan, dict[str, Any]]:
+    def job(self, config: Config, plan: Plan) -> tuple[SchedulerPlan, dict[str, Any]]:
         s: HfJobsSettings = config.scheduler.hf_jobs
-        cuda = device_of(config.cluster.accelerator).gpus
-        by_node = {n: [p for p in processes if p.node == n] for n in range(config.cluster.nodes)}
+        cuda = plan.device.gpus
+        by_node = {n: [p for p in plan.processes if p.node == n] for n in range(plan.nodes)}
         served = {n: ps[0] for n, ps in by_node.items() if len(ps) == 1 and ps[0].role == Role.VLLM}
         names = {n: served[n].name if n in served else next(
             (p.name for p in ps if p.role == Role.TRAINER), f"node-{n}") for n, ps in by_node.items()}
@@ -244,15 +248,15 @@ class HfJobs(Scheduler):
             "cancelled when the trainer Job ends; restarted if it dies while serving" if j.max_restarts else
             "cancelled when the trainer Job ends") for j in jobs)
         price = round(sum(j.price_per_hour for j in jobs), 2)
-        plan = SchedulerPlan(
+        scheduled = SchedulerPlan(
             kind=self.name, job_file=self.job_file, submit=("bash", self.job_file),
             node_rank="each supervisor Job's command names its node (--node K); a vLLM Job runs one process",
             addresses=f"GRPO_HOST_K: {GROUP_PREFIX}<node K's Job>, its alias in the run's network group, exported "
                       f"by the supervisor Jobs", groups=groups, jobs=tuple(jobs),
             storage=f"hf://buckets/{bucket_of(s)}/<recipe>-<run>, mounted at {s.mount_path} in every Job (the "
                     f"supervisors read-write, vLLM read-only)", price_per_hour=price)
-        trainer = names[min(n for n, ps in by_node.items() if any(p.role == Role.TRAINER for p in ps))]
-        return plan, {self.job_file: hf_jobs_script(config, recipe, jobs, trainer, prepare, price)}
+        trainer = names[plan.trainer_nodes[0]]
+        return scheduled, {self.job_file: hf_jobs_script(config, plan.recipe, jobs, trainer, plan.prepare, price)}
 
     def warnings(self, config: Config, plan: SchedulerPlan) -> list[str]:
         out = []
@@ -408,7 +412,7 @@ def hf_jobs_script(config: Config, recipe: str, jobs: list[JobSpec], trainer: st
     text += "".join(_job_lines(j) for j in servers)
     if servers:
         text += "# Every vLLM Job serving before the trainer starts (they load the model at once).\n"
-        text += "".join(f'wait_ready "${_variable(j)}" {j.ready_timeout_s or 1800:g}  # {j.name}\n' for j in servers)
+        text += "".join(f'wait_ready "${_variable(j)}" {j.ready_timeout_s:g}  # {j.name}\n' for j in servers)
     text += "".join(_job_lines(j) for j in jobs if not j.health)
     text += f'trainer="${_variable(next(j for j in jobs if j.name == trainer))}"\n'
     return text + _SCRIPT_TAIL

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts import hosts
 from grpo_launch.contracts.devices import device_of
 from grpo_launch.contracts.hosts import LOOPBACK, is_loopback
-from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, SchedulerPlan
+from grpo_launch.contracts.plan import NodeGroup, Plan, SchedulerPlan
 from grpo_launch.errors import UserError
 from grpo_launch.plan.schedulers.base import Scheduler
 
@@ -36,9 +35,8 @@ class Local(Scheduler):
             return LOOPBACK
         return hosts.reference(node)
 
-    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec],
-            prepare: Sequence[PrepareStep]) -> tuple[SchedulerPlan, dict[str, Any]]:
-        nodes = config.cluster.nodes
+    def job(self, config: Config, plan: Plan) -> tuple[SchedulerPlan, dict[str, Any]]:
+        nodes, processes = config.cluster.nodes, plan.processes
         addresses = [config.cluster.hosts[n] if config.cluster.hosts else self.host(config, n) for n in range(nodes)]
         names = {n: tuple(p.name for p in processes if p.node == n) for n in range(nodes)}
         if all(is_loopback(a) for a in addresses):

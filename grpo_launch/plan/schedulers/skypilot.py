@@ -8,12 +8,11 @@ soon as one fails.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.devices import device_of
-from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, SchedulerPlan
+from grpo_launch.contracts.plan import NodeGroup, Plan, SchedulerPlan
 from grpo_launch.contracts.rundir import SKYPILOT_TASK_FILE
 from grpo_launch.contracts.schedulers import SKYPILOT_ACCELERATORS, SKYPILOT_NAME
 from grpo_launch.contracts.shell import shell_line
@@ -60,9 +59,8 @@ class SkyPilot(Scheduler):
                             f"{SKYPILOT_ACCELERATORS.what}", key="cluster.gpu_type",
                             hint="set scheduler.skypilot.accelerators to SkyPilot's name for the GPU, e.g. H100:8")
 
-    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec],
-            prepare: Sequence[PrepareStep]) -> tuple[SchedulerPlan, dict[str, Any]]:
-        s = config.scheduler.skypilot
+    def job(self, config: Config, plan: Plan) -> tuple[SchedulerPlan, dict[str, Any]]:
+        s, recipe = config.scheduler.skypilot, plan.recipe
         if not SKYPILOT_NAME.fits(name := cluster_name(config, recipe)):
             raise UserError(f"the SkyPilot cluster name {name!r} (grpo-<recipe>) is not {SKYPILOT_NAME.what}",
                             key="scheduler.skypilot.cluster_name", hint="set scheduler.skypilot.cluster_name=NAME")
@@ -80,15 +78,15 @@ class SkyPilot(Scheduler):
             task["setup"] = "\n".join(config.scheduler.setup) + "\n"
         task["run"] = RUN.format(nodes=nodes, supervisor=shell_line(NODE_SUPERVISOR))
         command = shell_line(NODE_SUPERVISOR) + " --node $SKYPILOT_NODE_RANK"
-        by_node = {n: tuple(p.name for p in processes if p.node == n) for n in range(nodes)}
+        by_node = {n: tuple(p.name for p in plan.processes if p.node == n) for n in range(nodes)}
         groups = tuple(NodeGroup(f"node {n}", (n,), by_node[n], command,
                                  "trainer nodes: when training ends; nodes that only serve: when the job is "
                                  "cancelled or fails") for n in range(nodes))
-        plan = SchedulerPlan(
+        scheduled = SchedulerPlan(
             kind=self.name, job_file=self.job_file,
             submit=("sky", "launch", "--yes", "--cluster", cluster_name(config, recipe), self.job_file),
             cluster=cluster_name(config, recipe),
             node_rank="SKYPILOT_NODE_RANK", addresses="GRPO_HOST_K: line K of SKYPILOT_NODE_IPS, exported by the "
                                                       "task's run script", groups=groups,
             verbatim=setup_lines(config))
-        return plan, {self.job_file: task}
+        return scheduled, {self.job_file: task}

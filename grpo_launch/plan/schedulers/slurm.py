@@ -15,13 +15,13 @@ often a peer it stopped), recorded by each node's supervisor.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from grpo_launch.compose.schema import Config
+from grpo_launch.compose.schema import Scheduler as SchedulerSection
 from grpo_launch.contracts.devices import device_of
-from grpo_launch.contracts.plan import NodeGroup, PrepareStep, ProcessSpec, SchedulerPlan, VerbatimLine
+from grpo_launch.contracts.plan import NodeGroup, Plan, SchedulerPlan, VerbatimLine
 from grpo_launch.contracts.rundir import JOB_LOG, LOGS_DIR, NODE_FAILURES, SLURM_JOB_FILE
 from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.errors import UserError
@@ -96,7 +96,7 @@ class Slurm(Scheduler):
                             key="scheduler.slurm.gpus_per_node",
                             hint="leave it unset (null) to request cluster.gpus_per_node, or 0 to request none")
 
-    def on_cpu(self, section: Any) -> Any:
+    def on_cpu(self, section: SchedulerSection) -> SchedulerSection:
         return replace(section, slurm=replace(section.slurm, gpus_per_node=None, gres=None))
 
     def _gpus(self, config: Config) -> list[str]:
@@ -130,10 +130,10 @@ class Slurm(Scheduler):
         return (f"# {group.name}: {node_list(group.nodes)} ({', '.join(group.processes)}); {group.ends}\n"
                 f"srun {' '.join(options)} \\\n     bash -c \"$node_supervisor\" &\n{group.name}=$!\n")
 
-    def job(self, config: Config, recipe: str, processes: Sequence[ProcessSpec],
-            prepare: Sequence[PrepareStep]) -> tuple[SchedulerPlan, dict[str, Any]]:
+    def job(self, config: Config, plan: Plan) -> tuple[SchedulerPlan, dict[str, Any]]:
+        recipe = plan.recipe
         command = shell_line(NODE_SUPERVISOR) + " --node K"
-        trainers, services = node_groups(processes, config.cluster.nodes, command)
+        trainers, services = node_groups(plan, command)
         groups = (trainers,) if services is None else (trainers, services)
         setup = "".join(line + "\n" for line in config.scheduler.setup)
         failures = f"{LOGS_DIR}/{NODE_FAILURES.format(node='*')}"
@@ -154,11 +154,11 @@ class Slurm(Scheduler):
                      "trainer nodes\"\n  [ \"$rc\" -ne 0 ] || rc=1\n"
                      "else\n  wait \"$trainer\"; rc=$?\nfi\n")
         text += _TAIL.format(first_failure=shell_line(FIRST_FAILURE))
-        plan = SchedulerPlan(
+        scheduled = SchedulerPlan(
             kind=self.name, job_file=self.job_file, submit=("sbatch", "--parsable", self.job_file),
             node_rank="each node's supervisor finds K from its node name ($SLURMD_NODENAME in the allocation's "
                       "node list); each launcher's argv carries its node's rank",
             addresses="GRPO_HOST_K: node K's NodeAddr (scontrol show node), exported by job.sbatch",
             groups=groups, verbatim=setup_lines(config) + tuple(VerbatimLine("scheduler.slurm.sbatch", line)
                                                                 for line in config.scheduler.slurm.sbatch))
-        return plan, {self.job_file: text}
+        return scheduled, {self.job_file: text}

@@ -1,27 +1,18 @@
-"""TRL's config fields, without importing TRL.
-
-`trl_fields.json` lists every field of `GRPOConfig` and `AsyncGRPOConfig` of the pinned TRL (name, accepted
-kinds, default, choices of enum-typed fields). `grpo plan` checks `trainer.*` against it in microseconds; a test
-regenerates it from the installed TRL and fails when they differ. Regenerate after changing the TRL pin:
-
-    python -m grpo_launch.compose.trl_fields --write
+"""The recipe's `trainer.*` checked against TRL's fields (`contracts.trl_fields`), without importing TRL: names the
+pinned TRL's config class lacks (a removed field or another trainer's is named as such), values of a kind it does not
+accept, and values TRL or the libraries under it would refuse or misuse (`BOUNDS`).
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
-from functools import cache, partial
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 from grpo_launch.compose.origins import shown
 from grpo_launch.contracts.knobs import violation
+from grpo_launch.contracts.trl_fields import CONFIG_CLASSES, TrlField, fields_of, trl_version
 from grpo_launch.errors import UserError, collect, did_you_mean
-
-FIELDS_FILE = Path(__file__).with_name("trl_fields.json")
-CONFIG_CLASSES = {"GRPOConfig": "trl:GRPOConfig", "AsyncGRPOConfig": "trl.experimental.async_grpo:AsyncGRPOConfig"}
 
 # Fields TRL removed that old recipes and blog posts still set, with what replaced them.
 REMOVED_FIELDS = {
@@ -79,35 +70,6 @@ _KIND_OK = {
 }
 
 
-@dataclass(frozen=True)
-class TrlField:
-    name: str
-    kinds: tuple[str, ...]
-    default: Any
-    choices: tuple[str, ...] | None
-
-
-@cache
-def _load() -> dict:
-    return json.loads(FIELDS_FILE.read_text())
-
-
-def trl_version() -> str:
-    return _load()["trl_version"]
-
-
-@cache
-def fields_of(config_class: str) -> dict[str, TrlField]:
-    raw = _load()["classes"][config_class]
-    return {name: TrlField(name, tuple(f["kinds"]), f.get("default"),
-                           tuple(f["choices"]) if f.get("choices") else None) for name, f in raw.items()}
-
-
-def all_field_names() -> list[str]:
-    """Every field name of every TRL config class grpo-launch builds."""
-    return sorted({name for cls in CONFIG_CLASSES for name in fields_of(cls)})
-
-
 def _check(args: dict[str, Any], fields: dict[str, TrlField], where: str) -> None:
     """Every field of `args`, each on its own: their mistakes together."""
     collect(*(partial(_check_field, name, value, fields, where) for name, value in args.items()))
@@ -157,107 +119,3 @@ def check_trainer_names(args: dict[str, Any]) -> None:
 def check_trainer_args(args: dict[str, Any], config_class: str) -> None:
     """The plan's check: names `config_class` of the pinned TRL lacks, and values of the wrong kind, are refused."""
     _check(args, fields_of(config_class), config_class)
-
-
-def default_of(config_class: str, name: str) -> Any:
-    return fields_of(config_class)[name].default
-
-
-def has_field(config_class: str, name: str) -> bool:
-    return name in fields_of(config_class)
-
-
-def effective(args: dict[str, Any], config_class: str, name: str) -> Any:
-    """The value TRL will see: the arguments', else the pinned TRL's default."""
-    return args[name] if name in args else default_of(config_class, name)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Generation from the installed TRL (imports trl; never called by `grpo plan`).
-
-def _kinds_of(tp: Any) -> tuple[list[str], list[str] | None]:
-    import enum
-    import types
-    import typing
-
-    kinds: list[str] = []
-    choices: list[str] | None = None
-    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
-    for a in args:
-        origin = typing.get_origin(a) or a
-        if a is type(None):
-            kinds.append("null")
-        elif origin is typing.Literal:
-            for lit in typing.get_args(a):
-                kinds.append("null" if lit is None else type(lit).__name__)
-        elif isinstance(origin, type) and issubclass(origin, enum.Enum):
-            kinds.append("str")
-            choices = [m.value for m in origin]
-        elif origin in (bool, int, float, str):
-            kinds.append(origin.__name__)
-        elif origin in (list, tuple):
-            kinds.append("list")
-        elif origin is dict:
-            kinds.append("dict")
-        else:
-            kinds.append("any")
-    return sorted(set(kinds)), choices
-
-
-def _jsonable(value: Any) -> Any:
-    import enum
-
-    if isinstance(value, enum.Enum):
-        return value.value
-    try:
-        json.dumps(value)
-        return value
-    except TypeError:
-        return None
-
-
-def generate() -> dict:
-    import dataclasses
-    import importlib
-    import typing
-
-    import trl
-
-    out: dict = {"trl_version": trl.__version__, "classes": {}}
-    for class_name, target in CONFIG_CLASSES.items():
-        module, attr = target.split(":")
-        cls = getattr(importlib.import_module(module), attr)
-        hints = typing.get_type_hints(cls)
-        fields = {}
-        for f in sorted(dataclasses.fields(cls), key=lambda f: f.name):
-            if not f.init:
-                continue
-            kinds, choices = _kinds_of(hints.get(f.name, f.type))
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-            entry: dict = {"kinds": kinds, "default": _jsonable(default)}
-            if choices:
-                entry["choices"] = choices
-            fields[f.name] = entry
-        out["classes"][class_name] = fields
-    return out
-
-
-def main() -> None:
-    import argparse
-    import os
-
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help=f"write {FIELDS_FILE.name}")
-    args = parser.parse_args()
-    text = json.dumps(generate(), indent=1, sort_keys=True) + "\n"
-    if args.write:
-        FIELDS_FILE.write_text(text)
-        print(f"wrote {FIELDS_FILE}")
-    else:
-        print(text)
-
-
-if __name__ == "__main__":
-    main()

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from grpo_launch.compose.schema import Config
-from grpo_launch.compose.trl_fields import effective
 from grpo_launch.contracts.devices import Device
-from grpo_launch.contracts.memory import GIB, Budget, Component, KvCache, MemoryEstimate, Phase, parameter_count
+from grpo_launch.contracts.memory import GIB, Budget, Component, KvCache, MemoryEstimate, MemoryPhase, parameter_count
 from grpo_launch.contracts.plan import Plan, Role, Sharding
-from grpo_launch.memory import catalog
-from grpo_launch.memory.catalog import ModelShape
+from grpo_launch.estimate import catalog
+from grpo_launch.estimate.catalog import ModelShape
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}  # auto: the checkpoint's, bf16 for the catalog
 # Per process on a GPU: the CUDA context (~0.5 GiB on Hopper), cuBLAS workspaces, NCCL communicator buffers and
@@ -107,21 +106,18 @@ class _Held:
 
 
 def _trainer(config: Config, plan: Plan, shape: ModelShape, workloads: Workloads) -> _Trainer:
-    get = lambda name: effective(plan.trainer_args, plan.trainer_class, name)  # noqa: E731
-    lora = config.lora
+    lora, facts = config.lora, plan.trainer_facts
     trainable = shape.lora_parameters(lora.r, lora.target_modules) if lora.enabled else shape.parameters
-    bf16 = get("bf16")
-    half = (not get("fp16") if bf16 is None else bf16) or get("fp16")
     seq_len = plan.vllm.max_model_len or shape.context
     work = workloads.workload(plan, seq_len)
     z = config.zero
     return _Trainer(
         shape=shape, params=shape.parameters, trainable=trainable, lora=lora.enabled,
-        dtype_bytes=DTYPE_BYTES[config.model.dtype], half=bool(half), ranks=plan.world_size, stage=z.stage,
+        dtype_bytes=DTYPE_BYTES[config.model.dtype], half=facts.half_precision, ranks=plan.world_size, stage=z.stage,
         offload_optimizer=z.offload_optimizer, offload_param=z.offload_param,
         overlap_comm=z.overlap_comm if z.overlap_comm is not None else z.stage == 3,  # DeepSpeed's default
         fsdp2=plan.sharding == Sharding.FSDP2, reference=work.reference_model,
-        checkpointing=bool(get("gradient_checkpointing")),
+        checkpointing=facts.gradient_checkpointing,
         eager_attention=config.model.attn_implementation == "eager",
         sequences=plan.batch.per_device_train_batch_size, seq_len=seq_len, tokens=work.tokens,
         logit_tokens=work.logit_tokens, generation_sequences=work.generation_sequences,
@@ -295,13 +291,14 @@ def _gpu_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer,
     resident = tuple(h.component for h in holdings if not h.on_host and h.persistent)
     if vllm is None:
         resident += tuple(_transformers_generation(t))
-    phases: dict[str, tuple[Phase, ...]] = {"trainer": (Phase("training", training), Phase("generation", resident))}
+    phases: dict[str, tuple[MemoryPhase, ...]] = {"trainer": (MemoryPhase("training", training),
+                                                            MemoryPhase("generation", resident))}
     if vllm is not None:
         asleep = plan.vllm.sleep_level > 0  # colocated: one process, vLLM asleep or not while training
-        phases["trainer + vLLM"] = (Phase("training", training + (() if asleep else vllm.components)),
-                                    Phase("generation", resident + vllm.components))
+        phases["trainer + vLLM"] = (MemoryPhase("training", training + (() if asleep else vllm.components)),
+                                    MemoryPhase("generation", resident + vllm.components))
         alone = vllm.components + (_OVERHEAD,)
-        phases["vLLM"] = (Phase("training", alone), Phase("generation", alone))
+        phases["vLLM"] = (MemoryPhase("training", alone), MemoryPhase("generation", alone))
     return tuple(Budget(role=role, members=tuple(where), capacity_gib=config.cluster.gpu_memory_gib,
                         phases=phases[role], kv_cache=vllm.kv_cache if "vLLM" in role else None,
                         problems=vllm.problems if "vLLM" in role else ())
@@ -311,7 +308,7 @@ def _gpu_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer,
 def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer,
                   vllm: _VllmShare | None) -> tuple[Budget, ...]:
     per_process = t.device.host_process_gib
-    groups: dict[tuple[str, tuple[Phase, ...]], list[tuple[int]]] = {}
+    groups: dict[tuple[str, tuple[MemoryPhase, ...]], list[tuple[int]]] = {}
     for node in range(plan.nodes):
         ranks = sum(len(p.ranks) for p in plan.processes if p.role == Role.TRAINER and p.node == node)
         vllm_gpus = sum(len(e.gpus) for e in plan.engines if e.node == node)
@@ -343,7 +340,8 @@ def _host_budgets(config: Config, plan: Plan, holdings: list[_Held], t: _Trainer
         built, what = (t.shape.largest_layer_parameters, "largest module") if t.stage == 3 else (t.params, "model")
         load = Component("model loading", _gib(ranks * t.dtype_bytes * built),
                          f"{ranks} ranks x {t.dtype_bytes} B x {what} {parameter_count(built)}")
-        phases = (Phase("load", (*base, load) if ranks else base), Phase("training", (*base, *train)))
+        phases = (MemoryPhase("load", (*base, load) if ranks else base),
+                  MemoryPhase("training", (*base, *train)))
         role = "trainer + vLLM" if ranks and vllm_gpus else "trainer" if ranks else "vLLM"
         groups.setdefault((role, phases), []).append((node,))
     return tuple(Budget(role=role, members=tuple(nodes), capacity_gib=config.cluster.host_memory_gib,

@@ -1,5 +1,5 @@
 """The step-time model: what one optimizer step of a plan takes on its GPUs, phase by phase. Pure arithmetic over the
-plan, the model's shape (the memory catalog) and the accelerator table (`contracts.accelerators`); no I/O.
+plan, the model's shape (the memory catalog) and the accelerator table (`estimate.accelerators`); no I/O.
 
 The phases' costs are computed here; how they combine is each placement's rule (`Placement.step_time`), and what one
 trainer rank computes per optimizer step is its trainer's (`Placement.training_batch`). docs/performance-model.md
@@ -13,13 +13,13 @@ from functools import cached_property
 from typing import Protocol
 
 from grpo_launch.compose.schema import Config
-from grpo_launch.compose.trl_fields import effective
-from grpo_launch.contracts.accelerators import Accelerator, accelerator, known_types
 from grpo_launch.contracts.performance import PhaseTime, StepPrediction
-from grpo_launch.contracts.plan import Plan, Role
-from grpo_launch.memory import catalog
-from grpo_launch.memory.catalog import ModelShape
-from grpo_launch.memory.estimate import DTYPE_BYTES
+from grpo_launch.contracts.phases import Phase
+from grpo_launch.contracts.plan import Plan
+from grpo_launch.estimate import catalog
+from grpo_launch.estimate.accelerators import Accelerator, accelerator, known_types
+from grpo_launch.estimate.catalog import ModelShape
+from grpo_launch.estimate.memory import DTYPE_BYTES
 
 # The workload the seeds leave unstated, fixed once (docs/performance-model.md, "Assumptions").
 PROMPT_TOKENS = 128            # the sanity set's chat-templated math problems: 100-140 tokens
@@ -110,13 +110,10 @@ class StepModel:
         self.lengths = lengths or self._lengths()
         self.batch = placement.training_batch(plan, self.lengths)
 
-    def arg(self, name: str):
-        return effective(self.plan.trainer_args, self.plan.trainer_class, name)
-
     def _lengths(self) -> Lengths:
         longest_sample = self.plan.vllm.max_model_len or self.shape.context
         prompt = min(PROMPT_TOKENS, longest_sample / 2)
-        completion = min(self.arg("max_completion_length"), longest_sample - prompt)
+        completion = min(self.plan.trainer_facts.max_completion_length, longest_sample - prompt)
         return Lengths(prompt, completion, COMPLETION_MEAN_SHARE * completion)
 
     # ---- the model ----
@@ -146,7 +143,7 @@ class StepModel:
     # ---- training ----
     @property
     def trainer_nodes(self) -> int:
-        return len({p.node for p in self.plan.processes if p.role == Role.TRAINER}) or 1
+        return len(self.plan.trainer_nodes)
 
     def _trainer_link(self) -> float:
         """Bytes/s per GPU of the trainer ranks' collectives: a ring across nodes runs at the network's rate."""
@@ -161,7 +158,7 @@ class StepModel:
     def training(self) -> Training:
         """One rank's forward, backward and optimizer step per optimizer step."""
         b, z, world = self.batch, self.config.zero, self.plan.world_size
-        checkpointing = bool(self.arg("gradient_checkpointing"))
+        checkpointing = self.plan.trainer_facts.gradient_checkpointing
         passes = 3 + checkpointing + b.no_grad_forwards  # forward, backward (2 forwards' worth), recompute, extra
         compute = b.tokens * self.forward_flops(b.sequence) * passes / (self._peak() * MATMUL_EFFICIENCY) \
             + passes * self.shape.layers * LAYER_PASS_S
@@ -293,13 +290,13 @@ class StepSplit:
 def one_after_another(generation: tuple[float, str], sync: tuple[float, str], training: tuple[float, str],
                       why: str) -> StepSplit:
     """Generation, weight sync and training take turns on the trainer's clock; nothing waits beside them."""
-    phases = (PhaseTime("generation", generation[0], detail=generation[1]),
-              PhaseTime("weight_sync", sync[0], detail=sync[1]),
-              PhaseTime("training", training[0], detail=training[1]),
-              PhaseTime("waiting", 0.0, detail="nothing overlaps: no rollout queue"))
+    phases = (PhaseTime(Phase.GENERATE, generation[0], detail=generation[1]),
+              PhaseTime(Phase.SYNC, sync[0], detail=sync[1]),
+              PhaseTime(Phase.TRAIN, training[0], detail=training[1]),
+              PhaseTime(Phase.WAIT, 0.0, detail="nothing overlaps: no rollout queue"))
     step = generation[0] + sync[0] + training[0]
     largest = max(phases[:3], key=lambda p: p.seconds)
-    return StepSplit(phases, step, step, f"{largest.name} ({largest.seconds / step:.0%} of the step); {why}")
+    return StepSplit(phases, step, step, f"{largest.name.noun} ({largest.seconds / step:.0%} of the step); {why}")
 
 
 class StepRules(Batches, Protocol):
@@ -344,7 +341,7 @@ def predict(config: Config, plan: Plan, placement: StepRules, model: catalog.Res
     if not plan.vllm.enabled:
         return StepPrediction(note="no step-time prediction: generation runs in transformers (vllm.enabled=false), "
                                    "which the model does not cover; the training phase alone is predicted",
-                              phases=(PhaseTime("training", training.seconds, detail=training.detail),),
+                              phases=(PhaseTime(Phase.TRAIN, training.seconds, detail=training.detail),),
                               **known, **common)
     split = placement.step_time(steps)
     return StepPrediction(note="", phases=split.phases, step_s=split.step_s, median_step_s=split.median_step_s,
