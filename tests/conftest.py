@@ -108,3 +108,34 @@ def replanned(composed, *, model=None, dtype=None, nodes=None, zero=None, traine
     composed = replace(composed, config=config)
     return composed, build_plan(composed)
 
+
+
+class SmallDisks:
+    """Real file systems of a few hundred KiB (tmpfs, mounted: the tests run as root), to fill up under a run: a
+    write that does not fit fails with ENOSPC, as on a full disk. Each is unmounted when the test ends."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.mounted: list[Path] = []
+
+    def __call__(self, kib: int) -> Path:
+        path = self.root / f"disk{len(self.mounted)}"
+        path.mkdir(parents=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)], check=True)
+        self.mounted.append(path)
+        return path
+
+    def grow(self, path: Path, kib: int) -> None:
+        """Room again, its files kept (a user freed space)."""
+        subprocess.run(["mount", "-o", f"remount,size={kib}k", str(path)], check=True)
+
+    def unmount(self) -> None:
+        for path in reversed(self.mounted):
+            subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    disks = SmallDisks(tmp_path / "disks")
+    yield disks
+    disks.unmount()

@@ -18,6 +18,8 @@ from grpo_launch.contracts.rundir import read_metrics
 from grpo_launch.report.summary import quarters
 
 pytestmark = pytest.mark.slow
+
+
 def ranks_started(run_dir: Path) -> set[str]:
     return set(re.findall(r"\[grpo-launch\] rank (\d+) of (\d+)", (run_dir / "logs" / "trainer.log").read_text()))
 
@@ -156,9 +158,41 @@ def test_resume_after_interruption(tmp_path):
     resumed = grpo("run", "--resume", str(run_dir), env=ENV, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     log = (run_dir / "logs" / "trainer.log").read_text()
-    assert re.search(r"resuming from \S+/checkpoint-(4|8|12)", log)
-    # Every step from 1 to 16 is logged, the steps after the checkpoint by the resumed run.
+    start = int(re.search(r"resuming from \S+/checkpoint-(4|8|12)\b", log).group(1))
+    # Every step from 1 to 16 is logged, the steps after the checkpoint by the resumed run; up to the checkpoint,
+    # each step once: a trainer that ignored the checkpoint would have logged them again.
     assert [r["step"] for r in read_metrics(run_dir).training] == list(range(1, 17))
+    logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+              if "loss" in json.loads(line)]
+    assert all(logged.count(step) == 1 for step in range(1, start + 1)), logged
+
+
+def test_a_resume_passes_over_a_cut_checkpoint_and_sets_aside_one_that_fails_to_load(tmp_path):
+    """Issue 27, 6: resume took the newest checkpoint with transformers' trainer_state.json as whole; a checkpoint
+    a crash cut short (here: its weights truncated, as unsynced data is lost) made every resume die loading it. Now
+    it is passed over (grpo-launch's marker lists each file's size); one that is marked but fails to load (here:
+    weights of the right size, garbage) is set aside, and the next resume takes the one before."""
+    args = ("trainer.max_steps=6", "trainer.save_strategy=steps", "trainer.save_steps=2")
+    first, run_dir = grpo_run(tmp_path, *args)
+    assert first.returncode == 0, first.stdout[-3000:]
+    checkpoints = run_dir / "checkpoints"
+    assert all((checkpoints / f"checkpoint-{n}" / "grpo-checkpoint.json").is_file() for n in (2, 4, 6))
+    with (checkpoints / "checkpoint-6" / "model.safetensors").open("r+b") as f:
+        f.truncate(1000)
+    weights = checkpoints / "checkpoint-4" / "model.safetensors"
+    weights.write_bytes(b"\xff" * weights.stat().st_size)
+
+    failed = grpo("run", "--resume", str(run_dir), env=ENV, cwd=tmp_path, timeout=600)
+    assert failed.returncode != 0
+    log = (run_dir / "logs" / "trainer.log").read_text()
+    assert "resuming from checkpoints/checkpoint-4" in log and "checkpoint-6" not in log
+    assert "checkpoints/checkpoint-4 could not be loaded, and is set aside" in log
+    assert (checkpoints / "checkpoint-4" / "grpo-checkpoint.set-aside.json").is_file()
+
+    again = grpo("run", "--resume", str(run_dir), env=ENV, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "resuming from checkpoints/checkpoint-2" in (run_dir / "logs" / "trainer.log").read_text()
+    assert [r["step"] for r in read_metrics(run_dir).training] == list(range(1, 7))
 
 
 def test_dry_run_writes_nothing(tmp_path):
@@ -184,20 +218,6 @@ def test_a_files_dataset_is_read_where_grpo_runs_and_must_exist(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"data.path {tmp_path / 'missing.jsonl'} matches no file" in result.stderr
     assert not (tmp_path / "runs").exists()
-
-
-def test_resume_skips_a_checkpoint_left_half_written(tmp_path):
-    """Found by test_resume_after_interruption: a Ctrl-C while checkpoint-15 was being saved left it without
-    trainer_state.json, and the resumed trainer died loading it. Resume takes the newest complete checkpoint."""
-    from grpo_launch.trainer.main import newest_complete_checkpoint
-
-    for step, complete in ((5, True), (10, True), (15, False)):
-        (tmp_path / f"checkpoint-{step}").mkdir()
-        if complete:
-            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
-    (tmp_path / "final").mkdir()
-    assert newest_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-10")
-    assert newest_complete_checkpoint(str(tmp_path / "missing")) is None
 
 
 def test_a_terminal_shows_the_compact_view_in_place(tmp_path):

@@ -1,15 +1,18 @@
 """Several nodes in the plan: addresses, ports of nodes sharing a machine, the rendezvous, and the scheduler's job
 files (fast; the runs are in test_multinode_e2e.py and test_slurm.py)."""
 
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
 from conftest import grpo, plan_json
+from rich.console import Console
 
 from grpo_launch.cli import main
 from grpo_launch.compose import compose
@@ -174,7 +177,7 @@ def test_slurm_job_file_avoids_the_traps():
 
 def test_skypilot_task_reads_its_nodes_from_skypilot():
     plan = plan_json("recipe=qwen72b-colocate", "scheduler=skypilot", "scheduler.skypilot.cloud=aws",
-                     "scheduler.setup=['pip install grpo-launch']")
+                     "scheduler.setup=['pip install grpo-launch']", "trainer.output_dir=/shared/checkpoints")
     task = plan["files"]["task.yaml"]
     assert (task["num_nodes"], task["workdir"], task["resources"]) == (4, ".", {"cloud": "aws",
                                                                                  "accelerators": "H100:8"})
@@ -255,6 +258,17 @@ def test_run_dry_run_prints_the_job_file_and_its_submission(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_checkpoints_each_skypilot_node_would_keep_alone_are_refused_with_the_fix():
+    """Issue 27, 8: qwen72b-colocate on 4 SkyPilot nodes checkpointed into each node's own copy of the run directory
+    (no warning); a resume then loaded step N on node 0 and started afresh on the others."""
+    with pytest.raises(UserError, match="4 trainer nodes save checkpoints to checkpoints in the run directory") as e:
+        build_plan(compose(["recipe=qwen72b-colocate", "scheduler=skypilot"]))
+    assert e.value.key == "trainer.output_dir" and "run.node_local_checkpoints=true" in e.value.hint
+    for fix in ("trainer.output_dir=/shared/checkpoints", "run.node_local_checkpoints=true",
+                "trainer.save_strategy=no", "cluster.nodes=1", "scheduler=slurm"):
+        build_plan(compose(["recipe=qwen72b-colocate", "scheduler=skypilot", fix]))
+
+
 def test_the_first_node_failure_names_the_jobs_exit_code(tmp_path, capsys):
     """Each failed node's record is typed (contracts.rundir.NodeFailure); the job passes on the code of the node
     that failed first, as `python -m grpo_launch.launch --first-failure` prints it for the Slurm job."""
@@ -276,3 +290,46 @@ def test_the_first_node_failure_names_the_jobs_exit_code(tmp_path, capsys):
     first = followed(tmp_path)[0]
     assert (first.process, first.code, str(first)) == ("trainer-node0", 7, "trainer-node0 exited with code 7 (rank 3, "
                                                                           "at step 2: ValueError: x y)")
+
+
+def test_the_node_that_claimed_the_first_failure_comes_first_whatever_the_clocks(tmp_path):
+    """Issue 27, 14: the first failure across nodes was chosen by the time each node wrote its record, after its
+    grace period and on its own clock. The first node to fail claims it in the run directory as it happens."""
+    from grpo_launch.contracts.rundir import NodeFailure, claim_first_failure, read_node_failures, write_node_failure
+
+    (tmp_path / "logs").mkdir()
+    assert claim_first_failure(tmp_path, 1) and not claim_first_failure(tmp_path, 0)
+    write_node_failure(tmp_path, NodeFailure(0, 143, 1_000, "trainer-node0", "stopped"))  # its clock runs behind
+    write_node_failure(tmp_path, NodeFailure(1, 7, 2_000, "trainer-node1", "exited with code 7"))
+    assert [f.node for f in read_node_failures(tmp_path)] == [1, 0]
+
+
+def test_a_node_starts_without_an_earlier_runs_failure_records_and_times_its_own_when_it_failed(tmp_path):
+    """Issue 27, 14: a stale node-K.failure.json marked a resumed, finished run as failed (and named an old cause to
+    its job). A node's supervisor clears its own at the start; the record it writes carries when the failure
+    happened, not when the stop it caused ended (here a server that ignores SIGTERM holds the stop for the grace)."""
+    from supervised import server_plan
+
+    from grpo_launch.contracts.rundir import (
+        FIRST_FAILURE,
+        NodeFailure,
+        failure_records,
+        read_node_failures,
+        write_node_failure,
+    )
+    from grpo_launch.launch.node import run_nodes
+
+    plan = server_plan(tmp_path, [], ["--run-for", "0.1"])
+    write_node_failure(tmp_path, NodeFailure(0, 9, 1, "trainer", "an earlier run's"))
+    (tmp_path / "logs" / FIRST_FAILURE).write_text("0\n")
+    console = Console(file=io.StringIO(), width=200)
+    assert run_nodes(Plan.from_json(plan), tmp_path, [0], grace_s=3, console=console).code == 0
+    assert failure_records(tmp_path) == () and not (tmp_path / "logs" / FIRST_FAILURE).exists()
+
+    failing = server_plan(tmp_path, ["--ignore-sigterm"], ["--run-for", "0.1", "--code", "3"])
+    result = run_nodes(Plan.from_json(failing), tmp_path, [0], grace_s=3, console=console)
+    ended = time.time_ns()
+    (record,) = read_node_failures(tmp_path)
+    assert (result.code, record.code, record.process) == (3, 3, "trainer")
+    assert ended - record.time_ns > 2.5e9  # the stop took the grace period; the failure came before it
+    assert (tmp_path / "logs" / FIRST_FAILURE).read_text() == "0\n"

@@ -22,7 +22,8 @@ def test_skypilot_loads_the_task(tmp_path):
     if not SKY_PYTHON.exists():  # a failure in CI (conftest: GRPO_NO_SKIPS)
         pytest.skip(f"SkyPilot is not installed at {SKY_PYTHON} (`make test` installs it; or set GRPO_SKYPILOT_PYTHON)")
     plan = plan_json("recipe=qwen72b-server", "scheduler=skypilot", "scheduler.skypilot.cloud=aws",
-                     "scheduler.skypilot.use_spot=true", "scheduler.setup=['pip install grpo-launch']")
+                     "scheduler.skypilot.use_spot=true", "scheduler.setup=['pip install grpo-launch']",
+                     "trainer.output_dir=/shared/checkpoints")
     (tmp_path / "task.yaml").write_text(yaml.safe_dump(plan["files"]["task.yaml"]))
     code = ("import json, sys, sky; t = sky.Task.from_yaml(sys.argv[1]); (r,) = t.resources; "
             "print(json.dumps({'num_nodes': t.num_nodes, 'run': t.run, 'setup': t.setup, 'workdir': t.workdir, "

@@ -102,6 +102,26 @@ def test_a_prepare_step_with_a_cache_key_is_built_once(tmp_path, monkeypatch, mo
         assert "prepared thing: kept from an earlier run" in out
 
 
+def test_a_kept_entry_copied_onto_a_full_disk_is_not_taken_as_prepared(tmp_path, monkeypatch, small_disk):
+    """Issue 27, 7: the copy of a kept entry that a full disk cut left the entry half there, and every later start
+    skipped the step as done. Here the run directory is a real file system of 256 KiB and the entry 400 KiB."""
+    monkeypatch.setenv("GRPO_MODEL_CACHE_DIR", str(tmp_path / "kept"))
+    entry = tmp_path / "kept" / "thing-1"
+    entry.mkdir(parents=True)
+    for i in range(4):
+        (entry / f"part{i}").write_bytes(b"x" * 100_000)
+    run_dir = small_disk(256)
+    counter = tmp_path / "builds"
+    result, out = run(prepare_plan(run_dir, counter), run_dir)
+    assert result.code == 1 and "copying the kept thing into the run directory failed: No space left" in out
+    assert not (run_dir / "thing").exists() and not list(run_dir.glob(".thing.*"))
+    small_disk.grow(run_dir, 2048)  # space again: the next start copies it whole
+    result, out = run(prepare_plan(run_dir, counter), run_dir)
+    assert result.code == 0, out
+    assert sorted(p.name for p in (run_dir / "thing").iterdir()) == [f"part{i}" for i in range(4)]
+    assert not counter.exists()  # copied, never built
+
+
 def test_the_prepare_steps_run_alone_for_a_scheduler_that_starts_processes_elsewhere(tmp_path, monkeypatch):
     """scheduler=hf-jobs prepares the run directory here and starts nothing else (it once crashed here: the prepare
     steps had no process groups to join)."""

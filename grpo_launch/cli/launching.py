@@ -4,6 +4,8 @@ curve at the end."""
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +16,7 @@ if TYPE_CHECKING:
 
     from grpo_launch.compose import Composed
     from grpo_launch.launch.result import RunResult
+    from grpo_launch.launch.schedulers.base import Launcher
     from grpo_launch.plan import Plan
 
 
@@ -47,6 +50,7 @@ def start(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path 
     """Write the run directory (`run_dir`: a run's to continue, or a new one's path; default: new under run.root)
     and start it through its scheduler: the run directory, and how the run ended (None when its scheduler is not
     installed here and nothing was started, after saying how to start it)."""
+    from grpo_launch.contracts.rundir import clear_node_failures, release_run_lock
     from grpo_launch.contracts.shell import shell_line, shell_word
     from grpo_launch.errors import UserError
     from grpo_launch.launch.schedulers import LAUNCHERS
@@ -61,21 +65,51 @@ def start(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path 
                         f"scheduler={launcher.name} has none to check", key="--preflight", hint="drop --preflight")
     options = Options(grace_s=grace_s, verbose=verbose, nodes=tuple(nodes), join=join, preflight=preflight)
     missing = launcher.missing(the_plan)
-    started = the_plan if missing else launcher.prepare(the_plan, options, console)
-    run_dir = materialize(composed, the_plan, dirs, run_dir=run_dir, join=join).resolve()
-    console.print(f"[bold]run directory[/] {escape(str(run_dir))} ({escape(launcher.reach)})")
-    if missing:
-        console.print(f"[yellow]{escape(missing)}[/]")
-        console.print(f"  cd {shell_word(str(run_dir))} && {shell_line(the_plan.scheduler.submit)}", markup=False)
-        return run_dir, None
-    keeps = launcher.keeps_metrics(the_plan, options)
-    title = f"{composed.recipe} ({run_dir.name})"
-    plotter = CurvePlotter(run_dir, title, also=lambda: _report_plots(run_dir, title)) if keeps else None
-    result = launcher.run(started, run_dir, console, options)
-    if plotter is not None:
-        plotter.finish()
-    _finish(run_dir, result.code, console, [plotter.curve, *plotter.drawn] if plotter else [], draw=keeps)
-    return run_dir, result
+    locked = None  # the run directory whose nodes this `grpo run` holds (`contracts.rundir.RunLock`)
+    try:
+        if run_dir is not None and run_dir.exists() and not missing:  # before anything is checked or written again
+            locked = _lock(launcher, the_plan, run_dir.resolve(), nodes)
+        started = the_plan if missing else launcher.prepare(the_plan, options, console)
+        run_dir = materialize(composed, the_plan, dirs, run_dir=run_dir, join=join).resolve()
+        if locked is None and not missing:
+            locked = _lock(launcher, the_plan, run_dir, nodes)
+        if not join:  # a resumed run's nodes start afresh: an earlier run's failure records are not this one's
+            clear_node_failures(run_dir, range(the_plan.nodes))
+        console.print(f"[bold]run directory[/] {escape(str(run_dir))} ({escape(launcher.reach)})")
+        if missing:
+            console.print(f"[yellow]{escape(missing)}[/]")
+            console.print(f"  cd {shell_word(str(run_dir))} && {shell_line(the_plan.scheduler.submit)}", markup=False)
+            return run_dir, None
+        keeps = launcher.keeps_metrics(the_plan, options)
+        title = f"{composed.recipe} ({run_dir.name})"
+        plotter = CurvePlotter(run_dir, title, also=lambda: _report_plots(run_dir, title)) if keeps else None
+        result = launcher.run(started, run_dir, console, options)
+        if plotter is not None:
+            plotter.finish()
+        _finish(run_dir, result.code, console, [plotter.curve, *plotter.drawn] if plotter else [], draw=keeps)
+        return run_dir, result
+    finally:
+        if locked is not None:
+            release_run_lock(locked, nodes, os.getpid(), socket.gethostname())
+
+
+def _lock(launcher: Launcher, plan: Plan, run_dir: Path, nodes: list[int]) -> Path:
+    """This `grpo run`'s hold on `nodes` of `run_dir`; refused while another holds one of them, or while the jobs an
+    earlier one submitted still run by the scheduler's own record (its `grpo run` gone, the job not)."""
+    from grpo_launch.contracts.rundir import RUN_LOCK, release_run_lock, take_run_lock
+    from grpo_launch.errors import UserError
+
+    pid, host = os.getpid(), socket.gethostname()
+    held = take_run_lock(run_dir, nodes, pid, host)
+    if held is not None:
+        raise UserError(f"{run_dir} is running: its node {held.node} is held by {held.holder}", key="--resume",
+                        hint=f"wait for that run to end, or `grpo stop {run_dir}`; if its machine went down with it, "
+                             f"remove {run_dir / RUN_LOCK.format(node=held.node)}")
+    if (job := launcher.running(plan, run_dir)) is not None:
+        release_run_lock(run_dir, nodes, pid, host)
+        raise UserError(f"{run_dir} is running: {job}, which an earlier `grpo run` submitted", key="--resume",
+                        hint=f"`grpo stop {run_dir}` ends it; resume it after that")
+    return run_dir
 
 
 def _report_plots(run_dir: Path, title: str) -> list[Path]:

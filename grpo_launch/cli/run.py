@@ -17,6 +17,7 @@ EXAMPLES = """
   grpo run --dry-run recipe=qwen72b-colocate       print every command and file, write nothing
   grpo run --resume runs/tiny-cpu/20261129-171500  continue from its newest checkpoint
   grpo run --resume runs/tiny-cpu/20261129-171500 trainer.max_steps=40 --force
+  grpo run --resume runs/tiny-cpu/20261129-171500 --from-scratch   it saved no checkpoint: train it again
   grpo run recipe=tiny-cpu-async-lora              proxy + 2 CPU replicas, LoRA adapter versions through the proxy
   grpo run recipe=qwen72b-colocate --rehearse      its whole process graph small, here on CPU, before the GPUs
   grpo run recipe=qwen1.5b-async-lora scheduler=hf-jobs --preflight   the async post's Jobs, its bucket checked first
@@ -24,12 +25,15 @@ EXAMPLES = """
 
 
 def config_changes(old: dict, new: dict) -> list[str]:
-    """'key: old -> new' for every key whose value differs."""
+    """'key: old -> new' for every key whose value differs. A key the schema gained since the run (absent from its
+    config.yaml) at its default is no change: it did what the default does."""
     from grpo_launch.compose.origins import flatten
+    from grpo_launch.compose.schema import schema_keys
 
     a, b = flatten(old), flatten(new)
+    defaults = {key: default for key, _, default, _ in schema_keys()}
     return [f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k)]
+            if a.get(k) != b.get(k) and not (k not in a and k in defaults and b.get(k) == defaults[k])]
 
 
 def _resumed(run_dir: Path, overrides: list[str], recipes_dir: list[str]) -> tuple[list[str], list[str], dict]:
@@ -55,6 +59,34 @@ def _resumed(run_dir: Path, overrides: list[str], recipes_dir: list[str]) -> tup
         config.document()
 
 
+def check_resumable(run_dir: Path, from_scratch: bool) -> None:
+    """A resumed run resumes from a checkpoint: one that has none would silently train again from step 0 (and
+    overwrite its final model), so that takes --from-scratch; with a checkpoint there, --from-scratch is refused.
+    Where the run's checkpoints are kept elsewhere (SkyPilot's node 0, the Jobs' bucket) the trainer looks there."""
+    from grpo_launch.contracts.rundir import checkpoints_of, read_plan, resumable_checkpoints
+    from grpo_launch.contracts.schedulers import declared
+    from grpo_launch.errors import UserError
+
+    plan = read_plan(run_dir, key="--resume")
+    if declared(plan.scheduler.kind).logs_elsewhere:
+        return
+    facts = plan.trainer_facts
+    output = checkpoints_of(run_dir, facts.output_dir)
+    found = resumable_checkpoints(output, marked=plan.marks_checkpoints)
+    if found and from_scratch:
+        raise UserError(f"--from-scratch: {run_dir} has {found[0].name} to resume from", key="--from-scratch",
+                        hint="drop --from-scratch to resume from it, or start a new run to train from step 0")
+    if found or from_scratch:
+        return
+    why = ("its trainer, TRL's async pieces in one CPU process, saves no checkpoints"
+           if not plan.trainer_inputs.trainer.checkpoints else
+           "it saves none, trainer.save_strategy=no" if not facts.saves_checkpoints else
+           f"no checkpoint in {output} is whole, the run stopped before its first save")
+    raise UserError(f"--resume {run_dir}: there is no checkpoint to resume from ({why}), and it would train again "
+                    f"from step 0", key="--resume",
+                    hint="add --from-scratch to train it again from step 0 in its run directory, or start a new run")
+
+
 @app.command(epilog=EXAMPLES)
 def run(
     overrides: list[str] | None = OverridesArgument,
@@ -65,6 +97,9 @@ def run(
                                                   "The run's recipe, scheduler and run directory stay."),
     force: bool = typer.Option(False, "--force", help="Launch even when the memory estimate says the layout does not "
                                "fit; with --resume, also accept a config that changed since the run."),
+    from_scratch: bool = typer.Option(False, "--from-scratch", help="With --resume of a run that has no checkpoint "
+                                      "(it saves none, or stopped before its first): train it again from step 0 in "
+                                      "its run directory. Without it such a resume is refused."),
     node_rank: int | None = typer.Option(
         None, "--node-rank", metavar="K", help="Start only node K's processes: on each machine of a multi-node plan "
                                                "whose nodes are other machines (the same run.dir on shared storage)."),
@@ -103,8 +138,8 @@ def run(
     if rehearse:
         from grpo_launch.cli.rehearse import rehearse_recipe
 
-        for flag, given in (("--resume", resume), ("--dry-run", dry_run), ("--node-rank", node_rank),
-                            ("--preflight", preflight)):
+        for flag, given in (("--resume", resume), ("--from-scratch", from_scratch), ("--dry-run", dry_run),
+                            ("--node-rank", node_rank), ("--preflight", preflight)):
             if given not in (None, False):
                 raise UserError(f"{flag} is for a real run; a rehearsal is a run of its own", key=flag,
                                 hint=f"drop {flag}")
@@ -129,6 +164,10 @@ def run(
         if changes and not force:
             raise UserError(f"the config changed since {resume} ran:\n    " + "\n    ".join(changes),
                             key="--resume", hint="resume with the same config, or add --force to accept the change")
+        check_resumable(resume, from_scratch)
+    elif from_scratch:
+        raise UserError("--from-scratch goes with --resume: a new run starts from step 0 anyway", key="--from-scratch",
+                        hint="drop --from-scratch")
     target = resume or new_run_dir(composed)
     check_user_files(composed, the_plan)
     try:

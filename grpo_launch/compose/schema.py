@@ -207,6 +207,11 @@ class Run:
     exit_timeout_s: float = knob(300.0, "Several trainer nodes: once one node's launcher finished, how long the "
                                         "others may take to exit before the run fails naming them (srun --wait "
                                         "under Slurm).", gt=0)
+    node_local_checkpoints: bool = knob(False, "Several trainer nodes whose scheduler gives each its own copy of the "
+                                               "run directory (SkyPilot): accept checkpoints kept on each node's own "
+                                               "disk (a resume then needs every node's copy, and refuses "
+                                               "otherwise); false: the plan is refused unless trainer.output_dir is "
+                                               "an absolute path on storage every node mounts.")
 
 
 def _scheduler_section() -> type:

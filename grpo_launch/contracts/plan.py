@@ -48,6 +48,11 @@ class Trainer(StrEnum):
         """The TRL config class its arguments fill (trl_fields)."""
         return "GRPOConfig" if self is Trainer.GRPO else "AsyncGRPOConfig"
 
+    @property
+    def checkpoints(self) -> bool:
+        """Whether it saves checkpoints a run resumes from (TRL's trainers; the CPU loop does not)."""
+        return self is not Trainer.ASYNC_LOOP
+
 
 class Sharding(StrEnum):
     """How the trainer ranks share the model."""
@@ -382,6 +387,9 @@ class Plan:
     warnings: tuple[str, ...] = field(default=())
     memory: MemoryEstimate | None = None       # per GPU and phase, and per node's host memory
     prediction: StepPrediction | None = None   # one optimizer step's time by phase, and the run's GPU-hours
+    # the trainer marks each checkpoint once it is whole (contracts.rundir.CheckpointRecord); False: a plan of an
+    # older release, whose checkpoints are taken with transformers' trainer_state.json
+    marks_checkpoints: bool = True
 
     def to_json(self) -> dict[str, Any]:
         data = {"version": PLAN_VERSION, **dataclasses.asdict(self)}

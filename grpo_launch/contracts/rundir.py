@@ -6,10 +6,12 @@ of a file's schema, and the reading of what an older release wrote, has one plac
     config.yaml        ComposedConfig: the composed recipe, every key
     overrides.yaml     Overrides: what `--resume` composes again
     submitted.json     Submitted: what `grpo run` started, for `grpo stop`
+    run-node<K>.lock   RunLock: the one live `grpo run` of node K
     metrics.jsonl      Metrics: TRL's log records and the trainer's measure records, a JSON line each
     logs/trainer-rank<R>.timeline.jsonl   a rank's phase timeline, a line a step
     logs/trainer-rank<R>.failure.json     TrainerFailure: a trainer rank's exception
     logs/node-<K>.failure.json            NodeFailure: a node's first failure, for its job
+    <output_dir>/checkpoint-<N>/grpo-checkpoint.json   CheckpointRecord: the checkpoint is whole, resume from it
 
 The other files are written for others to read (deepspeed.json, accelerate.yaml, launch.sh, the job files: documents
 of the plan, written by materialize; the processes' logs).
@@ -24,7 +26,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from collections.abc import Mapping
+import os
+import re
+import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,8 +59,10 @@ SKYPILOT_TASK_FILE = "task.yaml"   # scheduler=skypilot: the SkyPilot task
 HF_JOBS_FILE = "hf-jobs.sh"        # scheduler=hf-jobs: the Jobs, submitted by hand with `hf jobs run`
 WHEELS_DIR = "dist"                # scheduler=hf-jobs: the wheel of grpo-launch a Job installs at its start
 SUBMITTED_FILE = "submitted.json"  # what `grpo run` started (its job IDs, its pid): what `grpo stop` ends
+RUN_LOCK = "run-node{node}.lock"   # the `grpo run` that runs node K now (RunLock)
 JOB_LOG = "job.log"                # under logs/: the batch script's own output
 NODE_FAILURES = "node-{node}.failure.json"  # under logs/: a node's first failure (NodeFailure)
+FIRST_FAILURE = "first-failure"    # under logs/: the node that failed first (claimed by creating it)
 PREPARE_LOCK = ".prepare.lock"    # nodes sharing a run directory take turns at the prepare steps
 WEIGHT_SYNC_DIR = "weight-sync"   # weights the trainer writes for vLLM to reload (CPU runs), rewritten every step
 TRAINER_FAILURE = "trainer-rank{rank}.failure.json"  # under logs/: a trainer rank's exception, phase and step
@@ -124,6 +131,7 @@ def _plan_v1_to_v2(data: dict[str, Any], scheduler: Mapping[str, Any] | None) ->
     data["version"] = 2
     data["trainer_facts"] = dataclasses.asdict(trainer_facts(data["trainer_args"], data["trainer_class"]))
     data["trainer_nodes"] = sorted({p["node"] for p in data["processes"] if p["role"] == Role.TRAINER})
+    data["marks_checkpoints"] = False
     jobs = (data.get("scheduler") or {}).get("jobs") or []
     for spec in [*data["processes"], *jobs]:
         if spec.get("ready_timeout_s") is None:
@@ -245,10 +253,22 @@ class Submitted:
     ids: tuple[str, ...]                       # its job IDs (local: the pid of `grpo run`; skypilot: the cluster)
     time: float
     host: str | None = None                    # local: the machine `grpo run` runs on
+    started: int | None = None                 # local: when its process started (`process_started`): with the pid,
+                                               # that one process (a pid is reused once its process has gone)
     nodes: tuple[int, ...] = ()                # local: the nodes it supervises
     namespace: str | None = None               # hf-jobs: where the Jobs run
     bucket: str | None = None                  # hf-jobs: the Storage Bucket holding the run directory
     folder: str | None = None                  # hf-jobs: the run's folder in it
+
+
+def process_started(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat's 22nd field); None when there is no
+    such process, or it has ended (a zombie its parent has not reaped yet)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def write_submitted(run_dir: Path, record: Submitted) -> None:
@@ -262,6 +282,77 @@ def read_submitted(run_dir: Path) -> Submitted:
         raise UserError(f"{run_dir} holds no record of a started run ({SUBMITTED_FILE})", key="RUN_DIR",
                         hint="the run was never started from this run directory (a dry run, or nothing could be "
                              "submitted here)") from None
+
+
+# -- the run lock: one live `grpo run` per node of a run directory ----------------------------------------------
+
+@dataclass(frozen=True)
+class RunLock:
+    """Who runs node K of a run directory: the `grpo run` holding `run-node<K>.lock` (its host, pid and when its
+    process started, so a pid reused by another process is not taken for it)."""
+
+    node: int
+    host: str
+    pid: int
+    started: int | None
+    time: float
+
+    @property
+    def holder(self) -> str:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.time))
+        return f"`grpo run` pid {self.pid} on {self.host}, since {since}"
+
+    def live(self, host: str) -> bool:
+        """Whether its holder still runs, as far as this machine (`host`) can tell: one on another machine is taken
+        as running."""
+        return self.host != host or process_started(self.pid) == self.started
+
+
+def _lock_path(run_dir: Path, node: int) -> Path:
+    return run_dir / RUN_LOCK.format(node=node)
+
+
+def take_run_lock(run_dir: Path, nodes: Collection[int], pid: int, host: str) -> RunLock | None:
+    """Lock `nodes` of `run_dir` for the `grpo run` of `pid` on `host`: None once every lock is its own, else the
+    live holder of one (nothing is then held: the locks taken are given back). A lock whose holder has gone (a
+    `grpo run` killed) is taken over."""
+    mine = RunLock(0, host, pid, process_started(pid), time.time())
+    taken: list[int] = []
+    for node in nodes:
+        lock = dataclasses.replace(mine, node=node)
+        path = _lock_path(run_dir, node)
+        text = json.dumps(dataclasses.asdict(lock)) + "\n"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            held = read_run_lock(run_dir, node)
+            if held is not None and held.live(host):
+                release_run_lock(run_dir, taken, pid, host)
+                return held
+            _atomic_write(path, text)  # its holder has gone
+            if read_run_lock(run_dir, node) != lock:  # another run took it over at the same moment
+                release_run_lock(run_dir, taken, pid, host)
+                return read_run_lock(run_dir, node)
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        taken.append(node)
+    return None
+
+
+def read_run_lock(run_dir: Path, node: int) -> RunLock | None:
+    try:
+        return build(RunLock, json.loads(_lock_path(run_dir, node).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def release_run_lock(run_dir: Path, nodes: Collection[int], pid: int, host: str) -> None:
+    """Give back the locks of `nodes` that this `grpo run` still holds."""
+    for node in nodes:
+        held = read_run_lock(run_dir, node)
+        if held is not None and (held.pid, held.host) == (pid, host):
+            _lock_path(run_dir, node).unlink(missing_ok=True)
 
 
 # -- failure records ---------------------------------------------------------------------------------------------
@@ -285,16 +376,48 @@ def write_node_failure(run_dir: Path, failure: NodeFailure) -> None:
     path.write_text(json.dumps(dataclasses.asdict(failure)) + "\n")
 
 
+def claim_first_failure(run_dir: Path, node: int) -> bool:
+    """Node `node` failed (its first failure, now, before it stops anything): whether it is the job's first. The
+    first node to create the claim is, by the run directory's own order of events (the nodes' clocks may differ,
+    and each node writes its record only once it has stopped its processes)."""
+    (run_dir / LOGS_DIR).mkdir(exist_ok=True)
+    try:
+        fd = os.open(run_dir / LOGS_DIR / FIRST_FAILURE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{node}\n")
+    return True
+
+
 def read_node_failures(run_dir: Path) -> list[NodeFailure]:
-    """Every node's record, the first failure first; a record that cannot be read (a node killed while writing it)
-    is left out."""
+    """Every node's record, the first failure first (the node that claimed it, then by time); a record that cannot
+    be read (a node killed while writing it) is left out."""
     found = []
     for path in (run_dir / LOGS_DIR).glob(NODE_FAILURES.format(node="*")):
         try:
             found.append(build(NodeFailure, json.loads(path.read_text())))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    return sorted(found, key=lambda f: f.time_ns)
+    try:
+        first = int((run_dir / LOGS_DIR / FIRST_FAILURE).read_text())
+    except (OSError, ValueError):
+        first = None
+    return sorted(found, key=lambda f: (f.node != first, f.time_ns))
+
+
+def clear_node_failures(run_dir: Path, nodes: Collection[int]) -> None:
+    """Forget `nodes`' records, and a claim of the first failure with them: an earlier run's, when these nodes start
+    again (a resumed run read them as its own, and a finished run as failed)."""
+    logs = run_dir / LOGS_DIR
+    try:
+        claimed = int((logs / FIRST_FAILURE).read_text())
+    except (OSError, ValueError):
+        claimed = None
+    for node in nodes:
+        (logs / NODE_FAILURES.format(node=node)).unlink(missing_ok=True)
+    if claimed is None or claimed in nodes:
+        (logs / FIRST_FAILURE).unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -342,6 +465,92 @@ def failure_records(run_dir: Path) -> tuple[str, ...]:
     return tuple(sorted(p.name for pattern in patterns for p in logs.glob(pattern))) if logs.is_dir() else ()
 
 
+# -- checkpoints ------------------------------------------------------------------------------------------------
+
+CHECKPOINT = re.compile(r"checkpoint-(\d+)")   # transformers' name for the checkpoint of step N
+CHECKPOINT_MARKER = "grpo-checkpoint.json"     # in a checkpoint: every rank's files written, durable and listed
+SET_ASIDE_MARKER = "grpo-checkpoint.set-aside.json"  # a checkpoint that could not be loaded, and why
+TRAINER_STATE = "trainer_state.json"           # transformers writes it last into each of its checkpoints
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """grpo-launch's marker of a checkpoint: written by trainer rank 0 once every rank's files were written and
+    synced to disk (a barrier between), with each file's size, so a checkpoint cut short (a crash, a full disk, a
+    rank killed while saving) is known for one and never resumed from."""
+
+    step: int
+    files: dict[str, int]                      # path within the checkpoint -> size in bytes
+    time: float
+
+
+def checkpoints_of(run_dir: Path, output_dir: str) -> Path:
+    """Where a run's checkpoints are: its TRL output_dir, relative to the run directory unless absolute."""
+    return run_dir / Path(output_dir).expanduser()
+
+
+def sync_checkpoint(checkpoint: Path) -> None:
+    """Every file under `checkpoint`, and each of its directories, synced to disk (each rank, for what it wrote)."""
+    for folder, _, names in os.walk(checkpoint):
+        for name in names:
+            _fsync(Path(folder) / name)
+        _fsync(Path(folder))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def mark_checkpoint(checkpoint: Path, step: int) -> None:
+    """The marker of a checkpoint whose files are all on disk (rank 0, after every rank synced its own and met the
+    others at a barrier): written under a temporary name, synced, renamed into place, the directory synced."""
+    files = {str(p.relative_to(checkpoint)): p.stat().st_size for p in sorted(checkpoint.rglob("*"))
+             if p.is_file() and p.name not in (CHECKPOINT_MARKER, SET_ASIDE_MARKER)}
+    tmp = checkpoint / f".{CHECKPOINT_MARKER}.tmp"
+    tmp.write_text(json.dumps(dataclasses.asdict(CheckpointRecord(step, files, time.time()))) + "\n")
+    _fsync(tmp)
+    tmp.replace(checkpoint / CHECKPOINT_MARKER)
+    _fsync(checkpoint)
+
+
+def resumable_checkpoints(output: Path, *, marked: bool = True) -> list[Path]:
+    """The checkpoints a run may resume from, newest first: each with its marker, and every file the marker lists
+    there at its size. `marked=False`: a run of a release before the marker (`Plan.marks_checkpoints`), whose
+    checkpoints are taken as that release took them, with transformers' trainer_state.json."""
+    found = sorted(((int(m.group(1)), p) for p in (output.iterdir() if output.is_dir() else ())
+                    if p.is_dir() and (m := CHECKPOINT.fullmatch(p.name))), reverse=True)
+    if not marked:
+        return [p for _, p in found if (p / TRAINER_STATE).is_file() and not (p / SET_ASIDE_MARKER).exists()]
+    return [p for step, p in found if _whole(p, step)]
+
+
+def _whole(checkpoint: Path, step: int) -> bool:
+    try:
+        record = build(CheckpointRecord, json.loads((checkpoint / CHECKPOINT_MARKER).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    try:
+        return record.step == step and all((checkpoint / name).stat().st_size == size
+                                           for name, size in record.files.items())
+    except OSError:
+        return False
+
+
+def set_checkpoint_aside(checkpoint: Path, why: str) -> None:
+    """A checkpoint that failed to load is no longer resumed from (the one before it is, next time); its files
+    stay, and why it was set aside is written beside them."""
+    try:
+        (checkpoint / CHECKPOINT_MARKER).replace(checkpoint / SET_ASIDE_MARKER)
+    except FileNotFoundError:  # another rank set it aside first
+        pass
+    with (checkpoint / SET_ASIDE_MARKER).open("a") as f:
+        f.write(json.dumps({"why": why, "time": time.time()}) + "\n")
+
+
 # -- metrics.jsonl and the timelines: JSON lines that grow while the run goes -----------------------------------
 
 class LogTail:
@@ -365,15 +574,37 @@ class LogTail:
         return complete.decode(errors="replace").splitlines()
 
 
-def _records(lines: list[str]) -> list[dict[str, Any]]:
-    """The JSON records of whole lines (blank ones skipped): the one place a line of metrics.jsonl or of a timeline
-    is parsed."""
-    return [json.loads(line) for line in lines if line.strip()]
+def _records(lines: list[str]) -> tuple[list[dict[str, Any]], int]:
+    """The records of whole lines, and how many lines were not one (blank ones aside): the one place a line of
+    metrics.jsonl or of a timeline is parsed. A record is a JSON object with its step; anything else (a line cut by
+    a full disk or a crash, then continued by the next append) is skipped and counted, never raised."""
+    records, bad = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+        else:
+            bad += 1
+    return records, bad
 
 
 def _append(path: Path, record: Mapping[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
+    """One record as one line, in one write. A last line left unterminated (the disk filled, the node died) is ended
+    first, so the record is a line of its own, and the cut one stays one bad line."""
+    line = (json.dumps(record) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        os.write(fd, line)
+    finally:
+        os.close(fd)
 
 
 def append_metrics(run_dir: Path, record: Mapping[str, Any]) -> None:
@@ -387,9 +618,12 @@ class MetricsTail(LogTail):
 
     def __init__(self, run_dir: Path, *, from_end: bool = False) -> None:
         super().__init__(run_dir / METRICS_FILE, from_end=from_end)
+        self.bad_lines = 0                     # lines read that were not a record
 
     def new_records(self) -> list[dict[str, Any]]:
-        return _records(self.lines())
+        records, bad = _records(self.lines())
+        self.bad_lines += bad
+        return records
 
 
 @dataclass(frozen=True)
@@ -401,6 +635,7 @@ class Metrics:
     measures: list[dict[str, Any]] = field(default_factory=list)  # the trainer's measure records
     evals: list[dict[str, Any]] = field(default_factory=list)     # TRL's evaluation records
     closed: bool = False                                          # the trainer logged its closing record
+    bad_lines: int = 0                                            # lines that were not a record, skipped
 
     @property
     def empty(self) -> bool:
@@ -408,11 +643,11 @@ class Metrics:
 
 
 def read_metrics(run_dir: Path) -> Metrics:
-    records = _records(LogTail(run_dir / METRICS_FILE).lines())
+    records, bad = _records(LogTail(run_dir / METRICS_FILE).lines())
     return Metrics(training=_latest_per_step([r for r in records if measures.is_training(r)]),
                    measures=_latest_per_step([r for r in records if measures.is_measure(r)]),
                    evals=_latest_per_step([r for r in records if measures.EVAL_REWARD in r]),
-                   closed=any(measures.is_closing(r) for r in records))
+                   closed=any(measures.is_closing(r) for r in records), bad_lines=bad)
 
 
 def _latest_per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -433,5 +668,5 @@ def read_timelines(run_dir: Path) -> dict[int, dict[int, list[list]]]:
     prefix, _, suffix = TIMELINE_SEGMENTS.partition("{rank}")
     for path in sorted((run_dir / LOGS_DIR).glob(TIMELINE_SEGMENTS.format(rank="*"))):
         rank = int(path.name.removeprefix(prefix).removesuffix(suffix))
-        out[rank] = {r["step"]: r["segments"] for r in _records(LogTail(path).lines())}
+        out[rank] = {r["step"]: r["segments"] for r in _records(LogTail(path).lines())[0] if "segments" in r}
     return out

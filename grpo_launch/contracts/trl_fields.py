@@ -80,6 +80,8 @@ class TrainerFacts:
     importance_sampling_correction: bool       # vLLM's sampling log-probabilities corrected: an extra forward
     gather_for_generation: bool                # ZeRO-3 gathers the whole model to generate (transformers' generate)
     weight_sync_steps: int | None              # steps between adapter or weight syncs (AsyncGRPOConfig)
+    output_dir: str                            # where checkpoints go: relative to the run directory, or absolute
+    saves_checkpoints: bool                    # save_strategy is not "no"
 
 
 def trainer_facts(args: Mapping[str, Any], config_class: str) -> TrainerFacts:
@@ -94,7 +96,8 @@ def trainer_facts(args: Mapping[str, Any], config_class: str) -> TrainerFacts:
                         num_iterations=get("num_iterations"),
                         importance_sampling_correction=bool(get("vllm_importance_sampling_correction")),
                         gather_for_generation=bool(get("ds3_gather_for_generation")),
-                        weight_sync_steps=get("weight_sync_steps"))
+                        weight_sync_steps=get("weight_sync_steps"), output_dir=str(get("output_dir")),
+                        saves_checkpoints=get("save_strategy") != "no")
 
 
 # ---------------------------------------------------------------------------------------------------------------

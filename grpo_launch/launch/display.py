@@ -161,6 +161,8 @@ class TrainingView:
         eta = self.eta()
         if eta is not None and not self.done:
             out.append(("ETA", _duration(eta)))
+        if self.tail.bad_lines:  # a line cut by a full disk or a crash: skipped, said
+            out.append(("unreadable metrics lines", str(self.tail.bad_lines)))
         return out
 
     def phase_split(self) -> str:

@@ -9,14 +9,13 @@ so a job spanning nodes can pass on the code of the node that failed first (not 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Collection
 from pathlib import Path
 
 from rich.console import Console
 
 from grpo_launch.contracts.plan import Plan
-from grpo_launch.contracts.rundir import NodeFailure, write_node_failure
+from grpo_launch.contracts.rundir import NodeFailure, claim_first_failure, clear_node_failures, write_node_failure
 from grpo_launch.errors import UserError
 from grpo_launch.launch.preflight import check_data_files, check_keys_set, check_ports_free, check_vllm_installed
 from grpo_launch.launch.result import RunResult
@@ -54,11 +53,20 @@ def prepare_node(plan: Plan, nodes: Collection[int], console: Console) -> Plan:
 
 def run_nodes(plan: Plan, run_dir: Path, nodes: Collection[int], *, grace_s: float, console: Console,
               verbose: bool = False) -> RunResult:
-    """Supervise `nodes` of the (prepared) plan; a failure is recorded for a job spanning several machines."""
-    result = supervise(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console, verbose=verbose)
+    """Supervise `nodes` of the (prepared) plan; a failure is recorded for a job spanning several machines: the
+    node claims the job's first failure as it happens, and writes its record (its code, and when it failed) once it
+    stopped its processes. An earlier run's records of these nodes are gone first."""
+    clear_node_failures(run_dir, nodes)
+    node_of = {p.name: p.node for p in plan.processes}
+
+    def claim(failure) -> None:
+        claim_first_failure(run_dir, node_of.get(failure.process, min(nodes)))  # a prepare step: the first node's
+
+    result = supervise(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console, verbose=verbose,
+                       on_first_failure=claim)
     if result.failures and not result.interrupted:
         first = result.failures[0]
         reason = str(first).removeprefix(f"{first.process} ")
         for node in nodes:
-            write_node_failure(run_dir, NodeFailure(node, result.code, time.time_ns(), first.process, reason))
+            write_node_failure(run_dir, NodeFailure(node, result.code, first.time_ns, first.process, reason))
     return result

@@ -57,9 +57,15 @@ class PrepareSteps:
             created = self.run_dir / step.creates
             if created.exists():
                 continue
-            if step.cache_key and (entry := await asyncio.to_thread(prepared.restore, step.cache_key, created)):
-                self.display.say(f"prepared {step.name}: kept from an earlier run ({entry})")
-                continue
+            if step.cache_key:
+                try:
+                    entry = await asyncio.to_thread(prepared.restore, step.cache_key, created)
+                except OSError as e:  # the run directory's disk: what a build would hit as well
+                    return Failure(step.name, 1, f"copying the kept {step.name} into the run directory failed: "
+                                                 f"{e.strerror or e}", self.run_dir / step.creates)
+                if entry is not None:
+                    self.display.say(f"prepared {step.name}: kept from an earlier run ({entry})")
+                    continue
             self.display.preparing(step.name, list(step.argv))
             if (failure := await self._step(step)) or self.stop_requested.is_set():
                 return failure

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ class Failure:
     log: Path
     tail: tuple[str, ...] = ()     # its last log lines
     rank_error: RankError | None = None  # a trainer: the rank that failed first, and why
+    time_ns: int = field(default_factory=time.time_ns)  # when it failed (not when the stop it caused ended)
 
     def __str__(self) -> str:
         if self.rank_error is None:

@@ -27,7 +27,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -63,8 +63,10 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, `kill`,
 
 class Supervisor:
     def __init__(self, plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = GRACE_S,
-                 console: Console | None = None, verbose: bool = False) -> None:
+                 console: Console | None = None, verbose: bool = False,
+                 on_first_failure: Callable[[Failure], None] | None = None) -> None:
         self.plan = plan
+        self.on_first_failure = on_first_failure
         self.run_dir = run_dir
         self.nodes = set(nodes)
         self.grace_s = grace_s
@@ -99,7 +101,7 @@ class Supervisor:
         failure = await PrepareSteps(self.plan.prepare, self.run_dir, self.spawner, self.display,
                                      self.stop_requested).run()
         if failure:
-            self.failures.append(failure)
+            self._failed(failure)
 
     async def _start(self, child: Child) -> None:
         spec = child.spec
@@ -183,10 +185,17 @@ class Supervisor:
         trainers = self._trainers()
         return bool(trainers) and all(c.state is State.EXITED for c in trainers)
 
+    def _failed(self, failure: Failure) -> None:
+        """A failure of its own; the first is told at once, before anything is stopped (`on_first_failure`: a node
+        claims the job's first failure)."""
+        self.failures.append(failure)
+        if len(self.failures) == 1 and self.on_first_failure is not None:
+            self.on_first_failure(failure)
+
     def _fail(self, child: Child, code: int, reason: str) -> None:
         child.state = State.FAILED
         self.display.not_waiting(child.name)
-        self.failures.append(Failure(child.name, code, reason, child.log_path))
+        self._failed(Failure(child.name, code, reason, child.log_path))
 
     def _restarted(self, child: Child, why: str) -> bool:
         """Start a process again if its spec allows it (it died after it was ready, within its limit)."""
@@ -271,7 +280,7 @@ class Supervisor:
         reason = f"did not answer {event.url} within {event.timeout_s:g} s"
         if child is None:
             self.display.not_waiting(event.name)
-            self.failures.append(Failure(event.name, 1, reason, self.run_dir / LOGS_DIR / f"{event.name}.log"))
+            self._failed(Failure(event.name, 1, reason, self.run_dir / LOGS_DIR / f"{event.name}.log"))
         else:
             self._fail(child, 1, reason)
 
@@ -280,8 +289,8 @@ class Supervisor:
                   f"s without an answer")
         child = self.by_name.get(event.name)
         if child is None:
-            self.failures.append(Failure(event.name, 1, f"(node {self.remote[event.name].node}) {reason}",
-                                         self.run_dir / LOGS_DIR / f"{event.name}.log"))
+            self._failed(Failure(event.name, 1, f"(node {self.remote[event.name].node}) {reason}",
+                                 self.run_dir / LOGS_DIR / f"{event.name}.log"))
             return
         if event.generation != child.generation or child.state is not State.READY:
             return
@@ -415,7 +424,8 @@ class Supervisor:
 
 
 def supervise(plan: Plan, run_dir: Path, *, nodes: Collection[int] = (0,), grace_s: float = GRACE_S,
-              console: Console | None = None, verbose: bool = False) -> RunResult:
+              console: Console | None = None, verbose: bool = False,
+              on_first_failure: Callable[[Failure], None] | None = None) -> RunResult:
     """Run the processes of `nodes` (several only when they are all this machine) until the trainers end."""
-    return asyncio.run(Supervisor(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console,
-                                  verbose=verbose).run())
+    return asyncio.run(Supervisor(plan, run_dir, nodes=nodes, grace_s=grace_s, console=console, verbose=verbose,
+                                  on_first_failure=on_first_failure).run())

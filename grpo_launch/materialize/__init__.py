@@ -133,8 +133,8 @@ def _written(target: Path, plan: Plan, files: dict[str, str], rewards: list[Path
         return target
     if target.exists():
         raise UserError(f"run directory {target} already exists", key="run.dir",
-                        hint=f"continue it with `grpo run --resume {shell_word(str(target))}`, or choose another "
-                             f"run.dir")
+                        hint=f"choose another run.dir, or continue its run with `grpo run --resume "
+                             f"{shell_word(str(target))}` (refused while it still runs)")
     tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:

@@ -44,6 +44,7 @@ from grpo_launch.plan.serving import exposed_dev_mode, watched
 from grpo_launch.plan.trainer_args import (
     build_trainer_args,
     build_trainer_inputs,
+    check_checkpoint_storage,
     check_evaluation,
     check_rewards,
     check_unmanaged,
@@ -133,6 +134,7 @@ def _planned(composed: Composed) -> Plan:
                                                processes=world, main_ip=ctx.hosts[layout.trainer_nodes[0]],
                                                shared=shared)
     args = build_trainer_args(ctx, placement, result.trainer_args, shared)
+    check_checkpoint_storage(ctx, layout.trainer_nodes, args, placement.trainer_class)
     inputs = build_trainer_inputs(ctx, placement, result, args, rewards)
     batch = placement.batch(args, world, result)
 

@@ -88,6 +88,24 @@ def build_trainer_args(ctx: Context, placement: Placement, placement_args: dict[
     return args
 
 
+def check_checkpoint_storage(ctx: Context, trainer_nodes: tuple[int, ...], args: dict[str, Any],
+                             config_class: str) -> None:
+    """Checkpoints that several trainer nodes write where each node has a run directory of its own (SkyPilot's
+    copies) are each node's alone: a resume would find step N on one node and nothing on the others. Refused unless
+    trainer.output_dir is on storage every node mounts, or the recipe accepts them (run.node_local_checkpoints)."""
+    saves = trl_fields.effective(args, config_class, "save_strategy") != "no"
+    output = str(args.get("output_dir", CHECKPOINTS_DIR))
+    if not (saves and ctx.scheduler.copies_run_dir and len(trainer_nodes) > 1 and not output.startswith(("/", "~"))):
+        return
+    if ctx.config.run.node_local_checkpoints:
+        return
+    raise UserError(f"{len(trainer_nodes)} trainer nodes save checkpoints to {output} in the run directory, which "
+                    f"scheduler={ctx.scheduler.name} copies to each node: every node would keep its own, and a "
+                    f"resume mix them", key="trainer.output_dir",
+                    hint="set trainer.output_dir to an absolute path on storage every node mounts at the same place, "
+                         "or run.node_local_checkpoints=true to accept checkpoints per node")
+
+
 def check_rewards(config: Config) -> tuple[Reward, ...]:
     if not config.rewards:
         raise UserError("the recipe has no reward function", key="rewards",

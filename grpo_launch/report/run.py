@@ -24,6 +24,7 @@ class RunData:
     closed: bool                               # the trainer logged its closing record
     failed: tuple[str, ...] = field(default=())  # failure records left in logs/
     started: float | None = None               # when the run directory was written (Unix time)
+    bad_lines: int = 0                         # lines of metrics.jsonl that were not a record (cut, then skipped)
 
     def timelines(self) -> dict[int, dict[int, list[list]]]:
         """rank -> step -> what the rank did when ([phase, start, end]), from each rank's timeline file."""
@@ -67,4 +68,4 @@ def read_run(path: Path, *, fetch_hint: bool = True) -> RunData:
                         f"{elsewhere}", key="RUN_DIR", hint=f"`grpo report --fetch {path}` brings it here")
     return RunData(path=path, plan=plan, overrides=overrides.overrides if overrides else (),
                    training=metrics.training, measures=metrics.measures, evals=metrics.evals, closed=metrics.closed,
-                   failed=rundir.failure_records(path), started=rundir.written_at(path))
+                   failed=rundir.failure_records(path), started=rundir.written_at(path), bad_lines=metrics.bad_lines)

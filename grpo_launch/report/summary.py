@@ -136,7 +136,7 @@ class Report:
             "reward_last_quarter": self.last_quarter_reward,
             "eval_final": self.evals[-1][1] if self.evals else None,
             "eval_best": max(v for _, v in self.evals) if self.evals else None,
-            "rewards": self.rewards, "evals": self.evals,
+            "rewards": self.rewards, "evals": self.evals, "metrics_unreadable_lines": self.run.bad_lines,
             "predicted": self.run.plan.prediction.to_json() if self.run.plan.prediction else None,
         }
 
@@ -217,6 +217,7 @@ def rows(report: Report) -> list[Row]:
     settled = report.steady_steps
     out = [
         Row("state", "state", run.state),
+        *([Row("unreadable", "metrics.jsonl lines unreadable (skipped)", f"{run.bad_lines}")] if run.bad_lines else []),
         Row("steps", "steps", steps),
         Row("wall_s", "wall time (training steps)", _duration(report.wall_s)),
         Row("run_wall_s", "wall time (start to last record)", _duration(report.run_wall_s)),

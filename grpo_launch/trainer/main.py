@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 import traceback
@@ -18,15 +17,24 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from grpo_launch.contracts.inputs import Lora
 from grpo_launch.contracts.plan import Plan, Trainer
-from grpo_launch.contracts.rundir import FINAL_MODEL_DIR, REWARDS_DIR, append_metrics, read_plan
+from grpo_launch.contracts.rundir import (
+    FINAL_MODEL_DIR,
+    REWARDS_DIR,
+    append_metrics,
+    mark_checkpoint,
+    read_plan,
+    resumable_checkpoints,
+    set_checkpoint_aside,
+    sync_checkpoint,
+)
 from grpo_launch.contracts.secrets import secret_names, secret_values
 from grpo_launch.trainer.data import import_target, load_training_dataset
 from grpo_launch.trainer.measure import StepMeter, instrument, measure_callback
 from grpo_launch.trainer.progress import PROGRESS, step_callback, write_failure
 from grpo_launch.trainer.vllm_sync import reloads
 
-TRAINER_STATE = "trainer_state.json"  # transformers' name, written last into each checkpoint
 RUN_DIR = Path(".")  # every rank works in its run directory (`main` goes there)
+CHECKPOINT_PREFIX = "checkpoint"  # transformers' checkpoint-<step> directories (PREFIX_CHECKPOINT_DIR)
 
 
 def load_reward(target: str):
@@ -89,7 +97,7 @@ def _common(plan: Plan, dataset, rewards, meter: StepMeter) -> dict:
                                          held_out=True)
     return dict(model=inputs.model, reward_funcs=rewards, train_dataset=dataset, eval_dataset=held_out,
                 peft_config=peft_config(inputs.lora),
-                callbacks=[_metrics_callback(), step_callback(), measure_callback(meter)])
+                callbacks=[_metrics_callback(), step_callback(), measure_callback(meter), _checkpoint_callback()])
 
 
 def measured(trainer, meter: StepMeter):
@@ -115,7 +123,7 @@ def train_grpo(plan: Plan, dataset, rewards) -> None:
         configure_colocated_engine(**colocated_engine_args(plan, args))
     meter = StepMeter(RUN_DIR)
     trainer = measured(GRPOTrainer(args=args, **_common(plan, dataset, rewards, meter)), meter)
-    run_trainer(trainer)
+    run_trainer(trainer, plan)
     if reload:
         from grpo_launch.trainer.vllm_sync import check_engine_follows
 
@@ -170,7 +178,7 @@ def train_async_grpo(plan: Plan, dataset, rewards) -> None:
     trainer = AsyncGRPOTrainer(args=args, processing_class=tokenizer, **_common(plan, dataset, rewards, meter))
     # Its client and rollout worker hold the URL now; the arguments, which checkpoints save, go back to the plain one.
     trainer.args.vllm_server_base_url = plan.vllm.replicas.proxy_url
-    run_trainer(measured(trainer, meter))
+    run_trainer(measured(trainer, meter), plan)
 
 
 # What the trainer entrypoint runs, by the plan's TrainerInputs.trainer.
@@ -189,27 +197,81 @@ def _allow_indexed_cpu_locations() -> None:
     torch.serialization.register_package(99, lambda obj: None, on_cpu)
 
 
-def newest_complete_checkpoint(output_dir: str) -> str | None:
-    """The newest checkpoint-N that was written to the end: transformers writes trainer_state.json last, so a run
-    stopped while saving leaves a checkpoint without it, which resume must skip."""
-    if not os.path.isdir(output_dir):
-        return None
-    steps = [(int(found.group(1)), name) for name in os.listdir(output_dir)
-             if (found := re.fullmatch(r"checkpoint-(\d+)", name))
-             and os.path.isfile(os.path.join(output_dir, name, TRAINER_STATE))]
-    return os.path.join(output_dir, max(steps)[1]) if steps else None
+def _checkpoint_callback():
+    """A transformers callback that marks each checkpoint whole once it is: every rank syncs what it wrote to disk,
+    the ranks meet, and rank 0 writes the marker (`contracts.rundir.CheckpointRecord`)."""
+    from transformers import TrainerCallback
+
+    class MarkCheckpoints(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            checkpoint = Path(args.output_dir) / f"{CHECKPOINT_PREFIX}-{state.global_step}"
+            if checkpoint.is_dir():
+                sync_checkpoint(checkpoint)
+            _barrier()
+            if state.is_world_process_zero:
+                mark_checkpoint(checkpoint, state.global_step)
+
+    return MarkCheckpoints()
 
 
-def run_trainer(trainer) -> None:
-    """Train a TRL trainer to the end, resuming from the newest complete checkpoint when there is one."""
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def agreed_checkpoint(output_dir: str, marked: bool) -> str | None:
+    """The checkpoint every rank resumes from: rank 0's newest whole one, which every rank must have whole too (a
+    rank deciding alone, on nodes that keep their own checkpoints, loaded step N where others started afresh)."""
+    import torch.distributed as dist
+
+    mine = resumable_checkpoints(Path(output_dir), marked=marked)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return str(mine[0]) if mine else None
+    choice = [mine[0].name if mine else None]
+    dist.broadcast_object_list(choice, src=0)
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, choice[0] is None or any(p.name == choice[0] for p in mine))
+    if not all(everyone):
+        lacking = [rank for rank, has in enumerate(everyone) if not has]
+        raise RuntimeError(f"rank 0 resumes from {choice[0]}, which rank(s) {lacking} do not have whole in "
+                           f"{output_dir}: the nodes keep checkpoints of their own. Put trainer.output_dir on storage "
+                           f"every node mounts at the same path")
+    return str(Path(output_dir) / choice[0]) if choice[0] else None
+
+
+def _loaded_callback(loaded: list[bool]):
+    """A transformers callback that notes when training begins: the checkpoint resumed from has loaded by then."""
+    from transformers import TrainerCallback
+
+    class Loaded(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            loaded.append(True)
+
+    return Loaded()
+
+
+def run_trainer(trainer, plan: Plan) -> None:
+    """Train a TRL trainer to the end, resuming from the newest whole checkpoint when there is one. A checkpoint that
+    fails to load is set aside (the next resume takes the one before it) and the run fails saying so."""
     state = trainer.accelerator.state
     print(f"[grpo-launch] rank {state.process_index} of {state.num_processes} ({state.distributed_type}, "
           f"{state.device})", flush=True)
     output_dir = trainer.args.output_dir
-    checkpoint = newest_complete_checkpoint(output_dir)
+    checkpoint = agreed_checkpoint(output_dir, plan.marks_checkpoints)
     if checkpoint and trainer.accelerator.is_main_process:
         print(f"[grpo-launch] resuming from {checkpoint}", flush=True)
-    trainer.train(resume_from_checkpoint=checkpoint)
+    loaded: list[bool] = []
+    trainer.add_callback(_loaded_callback(loaded))
+    try:
+        trainer.train(resume_from_checkpoint=checkpoint)
+    except BaseException as error:
+        if checkpoint is None or loaded:
+            raise
+        set_checkpoint_aside(Path(checkpoint), "".join(traceback.format_exception_only(error)).strip())
+        raise RuntimeError(f"{checkpoint} could not be loaded, and is set aside: `grpo run --resume` resumes from "
+                           f"the checkpoint before it") from error
     if trainer.eval_dataset is not None and not _evaluated_at(trainer, trainer.state.global_step):
         trainer.evaluate()  # at the end too, as the colocate post scored its final models
     trainer.save_model(os.path.join(output_dir, FINAL_MODEL_DIR))

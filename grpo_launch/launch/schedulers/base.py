@@ -82,6 +82,11 @@ class Launcher(ABC, Generic[Settings]):
     def logs(self, plan: Plan, run_dir: Path) -> RunLogs:
         return RunLogs(f"{run_dir / LOGS_DIR}/")
 
+    def running(self, plan: Plan, run_dir: Path) -> str | None:
+        """What an earlier `grpo run` of `run_dir` submitted that, by the scheduler's own record, still runs (in
+        words); None when nothing does, or the scheduler cannot say from here."""
+        return None
+
 
 class JobLauncher(Launcher[Settings]):
     """A scheduler whose job runs elsewhere: submitted from the run directory, followed here (every process's log

@@ -432,6 +432,21 @@ class HfJobs(Launcher[HfJobsSettings]):
     def run(self, plan: Plan, run_dir: Path, console: Console, options: Options) -> RunResult:
         return JobsRun(plan, run_dir, self.settings(plan), console, options).run()
 
+    def running(self, plan: Plan, run_dir: Path) -> str | None:
+        try:
+            record = read_submitted(run_dir)
+        except UserError:
+            return None
+        api = _hub()
+        try:
+            stages = {job_id: str(api.inspect_job(job_id=job_id, namespace=record.namespace).status.stage)
+                      for job_id in record.ids}
+        except Exception as e:  # noqa: BLE001  (not knowing whether Jobs bill is no reason to start more)
+            raise UserError(f"{run_dir}: whether the Jobs an earlier `grpo run` submitted still run cannot be asked "
+                            f"now ({e})", key="--resume", hint="try again; `grpo stop RUN_DIR` cancels them") from None
+        alive = [f"Job {job_id} ({stage})" for job_id, stage in stages.items() if stage not in TERMINAL]
+        return ", ".join(alive) or None
+
     def stop(self, plan: Plan, run_dir: Path, console: Console) -> int:
         record = read_submitted(run_dir)
         api, namespace = _hub(), record.namespace

@@ -125,6 +125,14 @@ class Slurm(JobLauncher[SlurmSettings]):
                                                       f"{shell_word(str(run_dir))}); Ctrl-C cancels it"))
         return job
 
+    def running(self, plan: Plan, run_dir: Path) -> str | None:
+        try:
+            job = SlurmJob(read_submitted(run_dir).ids[0], job_environment())
+            state, ended = job.state()
+        except (UserError, RuntimeError):  # nothing submitted, or a job Slurm has forgotten: it ended long ago
+            return None
+        return None if ended else f"{job.name} ({state})"
+
     def stop(self, plan: Plan, run_dir: Path, console: Console) -> int:
         job = SlurmJob(read_submitted(run_dir).ids[0], job_environment())
         try:

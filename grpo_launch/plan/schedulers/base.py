@@ -26,6 +26,8 @@ class Scheduler(ABC):
     # Every machine finds the run directory at the same absolute path (shared storage, a mounted bucket), so a path
     # the trainer writes there resolves on the others.
     shares_run_dir: ClassVar[bool] = False
+    # Each machine gets a copy of its own of the run directory: what a node writes there, only that node sees.
+    copies_run_dir: ClassVar[bool] = False
 
     def shape(self, config: Config, packed: Callable[[Config], Layout]) -> tuple[Config, int | None]:
         """The cluster as this scheduler gets its machines, and the trainer nodes' GPUs when each vLLM engine gets a

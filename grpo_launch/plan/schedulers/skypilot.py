@@ -50,6 +50,7 @@ def accelerators(config: Config) -> str | None:
 class SkyPilot(Scheduler):
     name = "skypilot"
     job_file = SKYPILOT_TASK_FILE
+    copies_run_dir = True  # the task's workdir, synced to every node
 
     def check(self, config: Config) -> None:
         """What SkyPilot is given from elsewhere in the recipe takes its forms too."""
