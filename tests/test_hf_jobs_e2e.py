@@ -113,7 +113,7 @@ def jobs_of(run: Run, name: str) -> list:
     """The stand-in's Jobs of this run named `name`, in submit order."""
     if not (run.tmp_path / "runs" / "tiny-cpu-async-lora").is_dir():
         return []
-    group = run_group("tiny-cpu-async-lora", run.run_dir.name)
+    group = run_group("tiny-cpu-async-lora", run.run_dir)
     return [j for j in run.standin.by_name(name) if j.spec["labels"]["grpo-run"] == group]
 
 
@@ -216,7 +216,7 @@ def test_hf_jobs_sh_replays_the_run_by_hand(standin, tmp_path):
     done = subprocess.run(["bash", "hf-jobs.sh"], cwd=run_dir, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "grpo: the trainer Job ended COMPLETED" in done.stdout
-    group = run_group("tiny-cpu-async-lora", run_dir.name)
+    group = run_group("tiny-cpu-async-lora", run_dir)
     mine = [j for j in standin.jobs.values() if j.spec["labels"]["grpo-run"] == group]
     deadline = time.time() + 30  # the script asked for the cancel on its way out; the Job ends a moment later
     while time.time() < deadline and not all(j.ended for j in mine):

@@ -102,7 +102,7 @@ def test_every_job_of_hf_jobs_sh_is_resolved_by_the_hf_cli_offline(tmp_path):
     done = subprocess.run(["bash", "hf-jobs.sh"], cwd=run_dir, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     resolved = _dry_run_configurations(done.stderr)
-    group = run_group(plan.recipe, run_dir.name)
+    group = run_group(plan.recipe, run_dir)
     assert len(resolved) == len(plan.scheduler.jobs)
     for job, seen in zip(plan.scheduler.jobs, resolved, strict=True):
         assert seen["image"] == [job.image]
@@ -124,12 +124,23 @@ def test_run_group_is_what_hf_jobs_sh_derives(tmp_path):
     several names, against the launcher's `run_group`."""
     for recipe in ("qwen1.5b-async-lora", "tiny-cpu-async-lora"):
         script = planned(f"recipe={recipe}", "scheduler=hf-jobs").files["hf-jobs.sh"]
-        line = next(ln for ln in script.splitlines() if ln.startswith("run_id="))
+        line = "; ".join(ln.partition("  #")[0] for ln in script.splitlines() if ln.startswith("run_id="))
         for name in ("20261129-171500", "My Run.2", "x" * 60):
             (tmp_path / name).mkdir(exist_ok=True)
             shell = subprocess.run(["bash", "-c", f'{line}; printf %s "$run_id"'], cwd=tmp_path / name,
                                    capture_output=True, text=True).stdout
-            assert shell == run_group(recipe, name) and len(shell) <= 46 and re.fullmatch(r"[a-z0-9-]+", shell)
+            assert shell == run_group(recipe, tmp_path / name) and len(shell) <= 46
+            assert re.fullmatch(r"[a-z0-9-]+", shell)
+
+
+def test_runs_of_a_sweep_whose_names_look_alike_get_groups_of_their_own(tmp_path):
+    """Issue 27, 12: the group was the run id cut to 46 characters, so two run directories sharing about 21 leading
+    characters (`...-lr1e-5-bs64`, `...-bs128`) shared a network group, Job names and bucket folder, and the second
+    resumed the first one's checkpoints. A hash of the run directory's full path ends every group."""
+    names = ["20261203-sweep-lr1e-5-warmup100-bs64", "20261203-sweep-lr1e-5-warmup100-bs128"]
+    groups = {run_group("qwen1.5b-async-lora", tmp_path / name) for name in names}
+    assert len(groups) == 2 and all(len(g) <= 46 for g in groups)
+    assert run_group("x", tmp_path / "a" / "run") != run_group("x", tmp_path / "b" / "run")
 
 
 def test_the_flavor_table_is_the_librarys_hardware_list():

@@ -22,7 +22,7 @@ from grpo_launch.contracts.devices import DEVICES
 from grpo_launch.contracts.inputs import Data, Lora
 from grpo_launch.contracts.knobs import ENV_NAME, default_of, knob, violation
 from grpo_launch.contracts.proxy import DEFAULT_PROXY_PORT, ProxyKnobs
-from grpo_launch.contracts.schedulers import DECLARED
+from grpo_launch.contracts.schedulers import CONTROL_PLANE_TIMEOUT_S, DECLARED
 from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE
 from grpo_launch.errors import UserError, collect, did_you_mean
 
@@ -225,6 +225,11 @@ def _scheduler_section() -> type:
                                                     "starts (module load ..., source .venv/bin/activate), one line "
                                                     "each, run as written: they are shell by design; "
                                                     "scheduler=local starts nothing and ignores them.")),
+        ("control_plane_timeout_s", float, knob(
+            CONTROL_PLANE_TIMEOUT_S, gt=0,
+            doc="How long the scheduler's control plane (Slurm's controller, the Hub's Jobs API) may answer nothing "
+                "but transient errors (timeouts, 5xx, 429) before `grpo run` stops following: its job is then left "
+                "as it is, and said so, never cancelled for it. Each such call is retried with backoff.")),
     ]
     fields += [(d.key, d.settings, knob(factory=d.settings, doc=d.doc)) for d in DECLARED if d.key]
     section = dataclasses.make_dataclass("Scheduler", fields, kw_only=True)

@@ -17,7 +17,7 @@ from grpo_launch.contracts.devices import Device, WeightSync, device_of
 from grpo_launch.contracts.inputs import Data, Lora
 from grpo_launch.contracts.memory import MemoryEstimate
 from grpo_launch.contracts.performance import StepPrediction
-from grpo_launch.contracts.schedulers import SchedulerSettings, settings_type
+from grpo_launch.contracts.schedulers import CONTROL_PLANE_TIMEOUT_S, SchedulerSettings, settings_type
 from grpo_launch.contracts.trl_fields import TrainerFacts
 from grpo_launch.contracts.typed import ChosenBy, build
 
@@ -314,6 +314,7 @@ class SchedulerPlan:
     price_per_hour: float | None = None        # every machine together, in USD
     # the scheduler's own section of the recipe (`scheduler.<key>`), for its launcher; None: it has none
     settings: Annotated[SchedulerSettings | None, ChosenBy("kind", settings_type)] = None
+    control_plane_timeout_s: float = CONTROL_PLANE_TIMEOUT_S  # scheduler.control_plane_timeout_s
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,10 @@ one way, compose before plan before launch. The settings are the scheduler's alo
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from grpo_launch.contracts.knobs import Form, knob
 
@@ -52,6 +54,7 @@ class SlurmSettings:
     poll_s: float = knob(1.0, "How often `grpo run` reads the job's state from scontrol.", gt=0)
 
 
+CONTROL_PLANE_TIMEOUT_S = 600.0  # scheduler.control_plane_timeout_s's default (launch.control_plane)
 SKY_WORKDIR = "~/sky_workdir"  # where SkyPilot puts the task's workdir (the run directory) on every node
 
 
@@ -141,10 +144,25 @@ def job_name_part(text: str) -> str:
     return re.sub(r"[^a-z0-9-]", "-", text.lower())
 
 
-def run_group(recipe: str, run_dir_name: str) -> str:
-    """The run's network group, the prefix of its Jobs' names and its folder in the bucket (hf-jobs.sh derives the
-    same with `tr`)."""
-    return job_name_part(f"{job_name_part(recipe)[:RECIPE_LENGTH]}-{run_dir_name}")[:GROUP_LENGTH]
+RUN_HASH_LENGTH = 8
+
+
+def run_hash(run_dir: Path) -> str:
+    """What tells one run directory from every other: hex digits of a hash of its full path (runs of a sweep share
+    their names' first 20-odd characters, and names are cut to fit)."""
+    return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:RUN_HASH_LENGTH]
+
+
+def run_label(run_dir: Path) -> str:
+    """The label a run puts on every job it submits (a Slurm job's comment), by which they are found again."""
+    return f"grpo-run-{run_hash(run_dir)}"
+
+
+def run_group(recipe: str, run_dir: Path) -> str:
+    """The run's network group, the prefix of its Jobs' names and its folder in the bucket: the recipe and the run
+    directory's name, readable, then the run's hash (hf-jobs.sh derives the same with `tr` and sha256sum)."""
+    readable = job_name_part(f"{job_name_part(recipe)[:RECIPE_LENGTH]}-{run_dir.name}")
+    return f"{readable[:GROUP_LENGTH - RUN_HASH_LENGTH - 1]}-{run_hash(run_dir)}"
 
 
 def declared(name: str) -> Declared:

@@ -321,6 +321,8 @@ class ConsoleDisplay:
             self._plain_line(last=True)
         if result.interrupted:
             self.say("interrupted: stopping every process", style="bold yellow")
+        if result.left_running:
+            self.say(f"left as it is, maybe running: {result.left_running}", style="bold yellow")
         for failure in result.failures:
             self.say(f"failed: {failure}", style="bold red")
             if failure.rank_error is not None:  # the rank's own traceback, whole and not interleaved with others

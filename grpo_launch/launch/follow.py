@@ -16,8 +16,9 @@ from rich.console import Console
 
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.contracts.rundir import JOB_LOG, LOGS_DIR, LogTail, read_node_failures
+from grpo_launch.launch.control_plane import Patience, Transient, Unreachable
 from grpo_launch.launch.display import ConsoleDisplay
-from grpo_launch.launch.result import EXIT_INTERRUPTED, TAIL_LINES, Failure, RunResult
+from grpo_launch.launch.result import EXIT_INTERRUPTED, EXIT_LEFT_RUNNING, TAIL_LINES, Failure, RunResult
 
 TICK_S = 0.2
 
@@ -26,10 +27,12 @@ class Job(ABC):
     """A submitted job, as its scheduler reports it."""
 
     name: str                                # for messages: "Slurm job 12"
+    control_plane: str                       # who answers for it, in words: "Slurm's controller"
 
     @abstractmethod
     def state(self) -> tuple[str, bool]:
-        """(its state in the scheduler's words, whether it has ended)."""
+        """(its state in the scheduler's words, whether it has ended); `Transient` when the control plane gave no
+        answer that says."""
 
     @abstractmethod
     def exit_code(self) -> int:
@@ -55,6 +58,7 @@ class JobFollower:
         self.run_dir = run_dir
         self.job = job
         self.poll_s = poll_s
+        self.bound_s = plan.scheduler.control_plane_timeout_s
         names = [JOB_LOG.removesuffix(".log")] + [p.name for p in plan.processes]
         self.tails = {name: LogTail(run_dir / LOGS_DIR / f"{name}.log") for name in names}
         self.display = ConsoleDisplay(console, names)
@@ -75,14 +79,24 @@ class JobFollower:
 
     def follow(self) -> RunResult:
         previous = signal.signal(signal.SIGINT, self._on_signal)
-        last_state, next_poll = None, 0.0
+        last_state, next_poll, lost = None, 0.0, None
+        patience = Patience(self.job.control_plane, self.bound_s, lambda text: self.display.say(text, style="yellow"))
         try:
             with self.display:
                 self.display.training(self.run_dir, self.max_steps, per=self.per)
                 while True:
                     self._stream()
                     if time.monotonic() >= next_poll:
-                        state, ended = self.job.state()
+                        try:
+                            state, ended = self.job.state()
+                        except Transient as e:
+                            try:
+                                next_poll = time.monotonic() + patience.failed(e)
+                            except Unreachable as gone:
+                                lost = gone
+                                break
+                            continue
+                        patience.answered()
                         next_poll = time.monotonic() + self.poll_s
                         if state != last_state:
                             self.display.say(f"{self.job.name}: {state}")
@@ -93,6 +107,11 @@ class JobFollower:
                 self._stream()
         finally:
             signal.signal(signal.SIGINT, previous)
+        if lost is not None:  # never cancelled for it: the job may run on, and it is said how to end it
+            result = RunResult(code=EXIT_LEFT_RUNNING, left_running=(
+                f"{self.job.name}: {lost}; `grpo stop {self.run_dir}` cancels it once it answers"))
+            self.display.finished(result)
+            return result
         interrupted = self.presses > 0
         failures = () if interrupted else tuple(node_failures(self.run_dir))
         code = EXIT_INTERRUPTED if interrupted else self.job.exit_code()

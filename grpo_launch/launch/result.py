@@ -11,6 +11,7 @@ from pathlib import Path
 from grpo_launch.contracts.rundir import TrainerFailure, read_trainer_failure
 
 EXIT_INTERRUPTED = 130
+EXIT_LEFT_RUNNING = 75           # EX_TEMPFAIL: the scheduler stopped answering; the job is left as it is, maybe running
 GRACE_S = 15.0                   # a stop's default wait between SIGTERM and SIGKILL
 TAIL_LINES = 25                  # a failure shows this many of its process's last lines
 # torch.distributed.run (under torchrun and accelerate) exits 1 whichever way a worker failed, and prints a report:
@@ -77,3 +78,4 @@ class RunResult:
     failures: tuple[Failure, ...] = field(default=())  # in the order they happened; the first stopped the run
     interrupted: bool = False
     restarts: dict[str, int] = field(default_factory=dict)  # process -> times it was brought back
+    left_running: str | None = None  # what `grpo run` stopped following without ending it, and why

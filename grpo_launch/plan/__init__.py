@@ -172,7 +172,8 @@ def _planned(composed: Composed) -> Plan:
     )
     scheduled, job_files = ctx.scheduler.job(config, plan)
     plan = replace(plan, files={**files, LAUNCH_FILE: launch_script(plan), **job_files},
-                   scheduler=replace(scheduled, settings=settings_in(config.scheduler, scheduled.kind)),
+                   scheduler=replace(scheduled, settings=settings_in(config.scheduler, scheduled.kind),
+                                     control_plane_timeout_s=config.scheduler.control_plane_timeout_s),
                    warnings=tuple(ctx.warnings + _idle_warning(ctx, layout) + ctx.scheduler.warnings(config, scheduled)
                                   + exposed))
     plan = replace(plan, memory=estimate_memory(config, plan, placement, ctx.model.resolved))  # the CLI decides

@@ -109,7 +109,7 @@ class JobsRun:
         self.api = _hub()
         self.namespace = settings.namespace or ""   # your account's, asked of the Hub when the run starts
         self.bucket = settings.bucket or ""
-        self.group = run_group(plan.recipe, run_dir.name)
+        self.group = run_group(plan.recipe, run_dir)
         names = [j.name for j in plan.scheduler.jobs]
         if options.preflight:
             names += ["preflight-writer", "preflight-reader"]

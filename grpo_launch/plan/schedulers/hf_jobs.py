@@ -31,6 +31,7 @@ from grpo_launch.contracts.schedulers import (
     DEFAULT_BUCKET_NAME,
     GROUP_LENGTH,
     RECIPE_LENGTH,
+    RUN_HASH_LENGTH,
     HfJobsSettings,
     job_name_part,
 )
@@ -293,6 +294,7 @@ dry_run="${{DRY_RUN:-0}}"
 namespace="${{HF_JOBS_NAMESPACE:-{namespace}}}"
 bucket={bucket}
 run_id="$(printf '%s-%s' {slug} "$(basename "$PWD")" | tr 'A-Z' 'a-z' | tr -c 'a-z0-9-' '-' | cut -c1-{length})"
+run_id="$run_id-$(printf '%s' "$(pwd -P)" | sha256sum | cut -c1-{hash})"  # this directory's: told from every other
 mount={mount}
 submitted=()
 cancel_all() {{
@@ -400,8 +402,9 @@ def hf_jobs_script(config: Config, recipe: str, jobs: list[JobSpec], trainer: st
     text = _SCRIPT_HEADER.format(
         recipe=recipe, placement=config.placement.kind, count=len(jobs), file=HF_JOBS_FILE,
         secrets=", ".join(s.secrets) or "none", price=price, source=PRICES_SOURCE.split(" (")[0],
-        namespace=namespace, bucket=bucket, slug=shell_word(job_name_part(recipe)[:RECIPE_LENGTH]), length=GROUP_LENGTH,
-        mount=shell_word(s.mount_path), health=HEALTH, answers=ANSWERS_PY)
+        namespace=namespace, bucket=bucket, slug=shell_word(job_name_part(recipe)[:RECIPE_LENGTH]),
+        length=GROUP_LENGTH - RUN_HASH_LENGTH - 1, hash=RUN_HASH_LENGTH, mount=shell_word(s.mount_path), health=HEALTH,
+        answers=ANSWERS_PY)
     text += f"timeout={shell_word(s.timeout)}\n\n"
     for step in prepare:  # built here, before the upload: the vLLM Jobs read it before any supervisor runs
         text += f"# {step.name}: built here, uploaded with the run directory\n"
