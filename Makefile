@@ -57,15 +57,16 @@ GPU_WHEEL_PINS := trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 
 GPU_SDIST_PINS := deepspeed==0.19.8 antlr4-python3-runtime==4.9.3
 GPU_SITE := /tmp/grpo-gpu-site
 
-# The generated-scripts test runs shellcheck on every script grpo-launch writes; installed like Slurm's packages.
-shellcheck:
-	@if command -v shellcheck >/dev/null; then exit 0; fi; \
+# The generated-scripts test runs shellcheck on every script grpo-launch writes, and the SkyPilot tests copy node 0's
+# metrics home with rsync, as `grpo run` does; each installed like Slurm's packages.
+shellcheck rsync:
+	@if command -v $@ >/dev/null; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing shellcheck"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck; \
-	else echo "shellcheck is missing and cannot be installed here (needs root with apt): its checks skip"; fi
+		echo "installing $@"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $@; \
+	else echo "$@ is missing and cannot be installed here (needs root with apt): the checks that use it skip"; fi
 
-.PHONY: setup run test bench bench-parity lint slurm shellcheck gpu-wheelhouse gpu-check
+.PHONY: setup run test bench bench-parity lint slurm shellcheck rsync gpu-wheelhouse gpu-check
 setup: $(VLLM_STAMP)
 
 # The embedded recipe (tiny-cpu) generates with transformers inside the trainer: first contact in about a minute,
@@ -76,17 +77,20 @@ run: $(STAMP)
 # Every test in one session on two workers: the end-to-end ones (marked slow: real processes, waiting on a vLLM start
 # or a trainer's imports) leave a core idle much of the time, and the in-process ones fill it. A file's tests run on
 # one worker (some share a module fixture: one Slurm cluster, one Jobs stand-in, one set of vLLM replicas), each run
-# on free ports (tests/conftest.py). `-m slow` or `-m "not slow"` picks one kind.
-test: $(VLLM_STAMP) $(SKY_STAMP) slurm shellcheck
-	$(BIN)/python -m pytest -q -rs -n 2 --dist loadfile --durations=20
+# on free ports (tests/conftest.py). `-m slow` or `-m "not slow"` picks one kind. The fault runs marked bench (the
+# resume equivalence of the recipes that sample in vLLM) run in make bench's fault matrix instead.
+test: $(VLLM_STAMP) $(SKY_STAMP) slurm shellcheck rsync
+	$(BIN)/python -m pytest -q -rs -n 2 --dist loadfile --durations=20 -m "not bench"
 
+# The fault matrix (benchmarks/faults.py) runs the suite's fault tests, Slurm's and the Jobs stand-in's among them.
 # The last one is the colocate post's quality claim in miniature (benchmarks/parity.py): 9 real runs, several
 # minutes; `make bench-parity` runs it alone.
-bench: $(VLLM_STAMP)
+bench: $(VLLM_STAMP) $(SKY_STAMP) slurm rsync
 	$(BIN)/python benchmarks/plan_time.py
 	$(BIN)/python benchmarks/run_overhead.py
 	$(BIN)/python benchmarks/proxy_bench.py
 	$(BIN)/python benchmarks/proxy_vllm.py
+	$(BIN)/python benchmarks/faults.py
 	$(BIN)/python benchmarks/parity.py
 
 bench-parity: $(VLLM_STAMP)

@@ -26,17 +26,21 @@ def proxy_stats(run_dir: Path) -> dict:
 
 def test_adapter_versions_flow_through_the_proxy_to_both_replicas(tmp_path):
     """The proxy listens beyond loopback here, so it requires a client key: the supervisor's probes and TRL's
-    clients in the trainer (control calls and generation) all send it, and it is in no file of the run."""
-    key = "proxy-key-8c1e4b7a2f"
+    clients in the trainer (control calls and generation) all send it, and it is in no file of the run. The replicas
+    require the run's key (the user's here), which the proxy and the probes send: it is in no file either."""
+    key, replica_key = "proxy-key-8c1e4b7a2f", "replica-key-3e7a91d05b"
     result = grpo("run", "recipe=tiny-cpu-async-lora", f"run.root={tmp_path / 'runs'}", *free_ports(),
                   "placement.async_lora.proxy.host=0.0.0.0",
                   "placement.async_lora.proxy.api_key_env=GRPO_TEST_PROXY_KEY",
-                  env={"COLUMNS": "200", "GRPO_TEST_PROXY_KEY": key}, cwd=tmp_path, timeout=900)
+                  env={"COLUMNS": "200", "GRPO_TEST_PROXY_KEY": key, "GRPO_VLLM_API_KEY": replica_key}, cwd=tmp_path,
+                  timeout=900)
     assert result.returncode == 0, result.stdout[-4000:]
+    assert "every vLLM server requires the key in GRPO_VLLM_API_KEY, taken from your environment" in result.stdout
     run_dir = Path(re.search(r"run directory: (\S+)", result.stdout).group(1))
     assert "client API key required" in (run_dir / "logs" / "proxy.log").read_text()
     assert (run_dir / "logs" / "proxy.metrics").read_text()  # scraped with the key as the run stopped
-    assert [p for p in run_dir.rglob("*") if p.is_file() and key.encode() in p.read_bytes()] == []
+    for secret in (key, replica_key):
+        assert [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()] == []
     records = metrics_records(run_dir)
     published = ["trl-policy-v1", *(r["published"] for r in records if "published" in r)]  # v1: the cold sync
     assert len(published) >= 3

@@ -198,7 +198,8 @@ def test_hostile_values_reach_every_process_as_one_word_and_run_nothing(variant,
     shellcheck(launch)
     addresses = {f"GRPO_HOST_{k}": f"10.0.0.{k}" for k in range(plan.nodes)}  # what a cluster's nodes export
     for node in range(plan.nodes):
-        calls = stubs(["bash", "-x", str(launch)], run_dir, NODE_RANK=str(node), GRPO_PROXY_KEY="k" * 16, **addresses)
+        calls = stubs(["bash", "-x", str(launch)], run_dir, NODE_RANK=str(node), GRPO_PROXY_KEY="k" * 16,
+                      GRPO_VLLM_API_KEY="v" * 16, **addresses)
         # (sorted: the processes start in the background, so their stubs log in any order)
         assert sorted(c for c in calls if c[0] == "setsid") == sorted(started(plan.with_addresses(addresses), node))
         resolved = plan.with_addresses(addresses)
@@ -269,7 +270,8 @@ def test_the_printed_submit_command_runs_in_a_hostile_run_directory(tmp_path, st
     assert result.returncode == 0, result.stdout + result.stderr
     (line,) = [ln.strip() for ln in result.stdout.splitlines() if "sky launch" in ln]
     calls = stubs(["bash", "-c", line], tmp_path)
-    assert calls == [["sky", "launch", "--yes", "--cluster", "grpo-tiny-cpu", "task.yaml"]]
+    cluster = schedulers.skypilot_cluster("tiny-cpu", run_dir)  # the run's own (issue 27, 13)
+    assert calls == [["sky", "launch", "--yes", "--cluster", cluster, "--down", "task.yaml"]]
     assert (run_dir / "task.yaml").is_file() and not canary.exists()
 
 

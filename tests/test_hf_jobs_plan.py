@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 from conftest import grpo
+from test_generated_scripts import bash_n, shellcheck
 
 from grpo_launch.cli import main
 from grpo_launch.compose import compose
+from grpo_launch.contracts.rundir import REWARDS_DIR
 from grpo_launch.contracts.schedulers import run_group
-from grpo_launch.contracts.vllm import VLLM_VERSION
-from grpo_launch.materialize import materialize
+from grpo_launch.contracts.vllm import REPLICA_GUARD, VLLM_VERSION
+from grpo_launch.launch.schedulers.hf_jobs import rewritten
+from grpo_launch.materialize import materialize, run_files
 from grpo_launch.plan import build_plan
 from grpo_launch.plan.schedulers.hf_jobs import FLAVORS, library_flavors
 
@@ -47,7 +50,10 @@ def test_the_async_posts_recipe_plans_the_posts_own_jobs():
         assert (job.node, process.node, process.gpus, job.flavor, job.gpus) == (i + 1, i + 1, (0,), "h200", 1)
         assert job.read_only and job.expose == (8000,) and job.health == "/health" and job.max_restarts == 3
         assert job.image == f"vllm/vllm-openai:v{VLLM_VERSION}"
-        assert job.command == ("bash", "-c", "cd /grpo && exec " + " ".join(shlex.quote(a) for a in process.argv))
+        # vLLM's image has no grpo-launch: its replica-key guard stays out of the Job (the Hub guards the port)
+        assert "--middleware" in process.argv and "--middleware" not in job.command[2]
+        served = [a for a in process.argv if a not in ("--middleware", REPLICA_GUARD)]
+        assert job.command == ("bash", "-c", "cd /grpo && exec " + " ".join(shlex.quote(a) for a in served))
         assert job.address == f"${{HF_NETWORK_GROUP_PREFIX}}vllm-{i}:8000"
         assert f'GRPO_HOST_{i + 1}="${{HF_NETWORK_GROUP_PREFIX}}vllm-{i}"' in trainer.command[2]
     proxy = plan.process("proxy")
@@ -123,7 +129,7 @@ def test_run_group_is_what_hf_jobs_sh_derives(tmp_path):
     """The run's network group, Job-name prefix and bucket folder: the script's own line, run in run directories of
     several names, against the launcher's `run_group`."""
     for recipe in ("qwen1.5b-async-lora", "tiny-cpu-async-lora"):
-        script = planned(f"recipe={recipe}", "scheduler=hf-jobs").files["hf-jobs.sh"]
+        script = planned(f"recipe={recipe}", "scheduler=hf-jobs").files["hf-jobs.sh"].replace("\\\n", "")
         line = "; ".join(ln.partition("  #")[0] for ln in script.splitlines() if ln.startswith("run_id="))
         for name in ("20261129-171500", "My Run.2", "x" * 60):
             (tmp_path / name).mkdir(exist_ok=True)
@@ -141,6 +147,28 @@ def test_runs_of_a_sweep_whose_names_look_alike_get_groups_of_their_own(tmp_path
     groups = {run_group("qwen1.5b-async-lora", tmp_path / name) for name in names}
     assert len(groups) == 2 and all(len(g) <= 46 for g in groups)
     assert run_group("x", tmp_path / "a" / "run") != run_group("x", tmp_path / "b" / "run")
+
+
+def test_hf_jobs_sh_passes_shellcheck_and_states_the_control_planes_bound(tmp_path):
+    """hf-jobs.sh passes `bash -n` and shellcheck, and asks the Hub through its transient failures within
+    scheduler.control_plane_timeout_s, rendered into it (issue 27, 3)."""
+    for recipe in ("qwen1.5b-async-lora", "tiny-cpu-async-lora"):
+        script = planned(f"recipe={recipe}", "scheduler=hf-jobs", "scheduler.control_plane_timeout_s=90.5").files[
+            "hf-jobs.sh"]
+        assert "\ncontrol_plane_timeout_s=90.5  # scheduler.control_plane_timeout_s\n" in script
+        path = tmp_path / f"{recipe}.sh"
+        path.write_text(script)
+        bash_n(path)
+        shellcheck(path)
+
+
+def test_a_resume_uploads_again_exactly_what_materialize_writes():
+    """`--resume` uploads only the files materialize wrote again (issue 27, 5): the launcher's list is
+    materialize's, with the reward files' folder."""
+    for recipe in SEED[:1] + ["recipe=tiny-cpu-async-lora"]:
+        composed = compose([recipe, "scheduler=hf-jobs"])
+        plan = build_plan(composed)
+        assert sorted(rewritten(plan)) == sorted({*run_files(composed, plan, []), REWARDS_DIR})
 
 
 def test_the_flavor_table_is_the_librarys_hardware_list():

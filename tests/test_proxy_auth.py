@@ -58,7 +58,7 @@ def test_the_key_as_http_basic_password_is_accepted():
     """TRL's clients send a URL's user info as HTTP Basic auth: the key is the password, any user name."""
     import base64
 
-    from grpo_launch.proxy.server import presented_key
+    from grpo_launch.contracts.secrets import presented_key
 
     def basic(text: str) -> str:
         return "Basic " + base64.b64encode(text.encode()).decode()
@@ -156,7 +156,8 @@ def test_async_lora_with_a_client_key_plans_it_for_the_proxy_the_trainer_and_the
     plan = plan_json("recipe=tiny-cpu-async-lora", f"{PROXY}.host=0.0.0.0", f"{PROXY}.api_key_env=PROXY_KEY")
     proxy = next(p for p in plan["processes"] if p["role"] == "proxy")
     trainer = next(p for p in plan["processes"] if p["role"] == "trainer")
-    assert proxy["argv"][-2:] == ["--api-key-env", "PROXY_KEY"] and proxy["probe_key_env"] == "PROXY_KEY"
+    argv = proxy["argv"]
+    assert argv[argv.index("--api-key-env") + 1] == "PROXY_KEY" and proxy["probe_key_env"] == "PROXY_KEY"
     assert "PROXY_KEY" in proxy["pass_env"] and "PROXY_KEY" in trainer["pass_env"]
     assert plan["trainer_inputs"]["server_key_env"] == "PROXY_KEY"
     assert plan["trainer_args"]["vllm_server_base_url"] == "http://127.0.0.1:8080"  # no key in any file

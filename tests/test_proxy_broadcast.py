@@ -1,8 +1,13 @@
 """Broadcasts reach every replica; an adapter load is all-or-nothing, with lagging and failing replicas."""
 
 import asyncio
+import contextlib
 
-from proxy_fleet import fleet
+import pytest
+from fault_matrix import CONSISTENT, FaultRow, record_fault
+from proxy_fleet import fleet, served_by
+
+LOAD = "/v1/load_lora_adapter"
 
 
 def adapter(tmp_path, name: str) -> dict:
@@ -151,3 +156,46 @@ def test_a_refused_resume_is_undone_with_the_fleets_pause():
             f.sims[1].refuse = set()
             assert (await f.post("/resume"))[0] == 200 and not any(s.paused for s in f.sims)
     asyncio.run(scenario())
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("lagging", ["loads it", "refuses it"])
+def test_a_client_that_hangs_up_mid_load_leaves_the_adapter_on_every_replica_or_none(tmp_path, lagging):
+    """TRL's client gives up (its timeout, a killed trainer) while the proxy waits for a replica whose mount lags:
+    aiohttp cancels the handler. The load goes on to its end whatever the client does: the lagging replica loads
+    it too (every replica has it, and the fleet knows), or it refuses and the others unload it again (none has it).
+    A retry is then answered like every replica answers it, and generation for the adapter works everywhere."""
+    async def scenario():
+        async with fleet(3, lora_retry_s=0.05, lora_load_timeout_s=30) as f:
+            f.sims[2].adapter_lag_s = 0.5
+            body = adapter(tmp_path, "policy-v7")
+            client = asyncio.create_task(f.post(LOAD, body))
+            await f.until(lambda: all("policy-v7" in s.adapters for s in f.sims[:2])
+                          and f.sims[2].calls.count(LOAD) >= 2, "r0 and r1 loaded, r2 waiting for its mount")
+            client.cancel()  # the client hangs up: its connection closes mid-broadcast
+            with contextlib.suppress(asyncio.CancelledError):
+                await client
+            if lagging == "refuses it":
+                f.sims[2].refuse_loads = True
+                await f.until(lambda: not any(s.adapters for s in f.sims), "the load undone on r0 and r1")
+                assert f.proxy.fleet.adapters == {}
+                _, stats = await f.get("/proxy/stats")
+                assert stats["broadcasts"][LOAD] == {"rolled_back": 1}
+                f.sims[2].refuse_loads = False
+                assert (await f.post(LOAD, body))[0] == 200  # the retry loads it everywhere
+            else:
+                await f.until(lambda: "policy-v7" in f.sims[2].adapters, "the lagging replica to load it too")
+                await f.until(lambda: "policy-v7" in f.proxy.fleet.adapters, "the fleet to know it serves it")
+                status, reply = await f.post(LOAD, body)  # the retry: what each replica answers, nothing undone
+                assert status == 400 and "already been loaded" in reply["error"]["message"]
+            assert all(s.adapters == {"policy-v7": body["lora_path"]} for s in f.sims)
+            assert f.proxy.fleet.adapters == {"policy-v7": body["lora_path"]}
+            for s in f.sims:  # every replica generates with it, whichever the proxy routes to
+                async with f.http.post(s.url + "/v1/completions", json={"model": "policy-v7", "prompt": [1, 2, 3],
+                                                                        "max_tokens": 1}) as r:
+                    assert r.status == 200, s.name
+            homes = {served_by(await f.complete([9100 + i] * 32, model="policy-v7")) for i in range(6)}
+            assert homes == {"r0", "r1", "r2"}
+    asyncio.run(scenario())
+    record_fault(FaultRow(f"16 a client hangs up mid-broadcast, the lagging replica {lagging}", 1, CONSISTENT,
+                          CONSISTENT))

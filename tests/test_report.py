@@ -165,10 +165,11 @@ def test_a_skypilot_run_says_how_its_metrics_come_here(tmp_path):
     with pytest.raises(UserError) as found:
         run.read_run(tmp_path)
     assert "grpo report --fetch" in found.value.hint and "on node 0" in found.value.message
+    from grpo_launch.contracts.schedulers import skypilot_cluster
     from grpo_launch.launch.schedulers import LAUNCHERS
 
-    fetch = LAUNCHERS["skypilot"].logs(plan, tmp_path).fetch
-    assert fetch[0] == "rsync" and "grpo-tiny-cpu:~/sky_workdir/" in fetch
+    fetch = LAUNCHERS["skypilot"].logs(plan, tmp_path).fetch  # the run's own cluster (issue 27, 13)
+    assert fetch[0] == "rsync" and f"{skypilot_cluster('tiny-cpu', tmp_path)}:~/sky_workdir/" in fetch
 
 
 # -- the diagnosis -----------------------------------------------------------------------------------------------------

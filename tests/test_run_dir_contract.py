@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fault_matrix import REFUSED, FaultRow, record_fault
 
 from grpo_launch.cli import main
 from grpo_launch.compose import compose
@@ -216,9 +217,10 @@ def test_checkpoints_of_a_release_before_the_marker_are_taken_as_it_took_them(tm
 
 @pytest.mark.parametrize(("recipe", "why"), [
     ("tiny-cpu", "it saves none, trainer.save_strategy=no"),
-    ("tiny-cpu-async-lora", "saves no checkpoints"),
+    ("tiny-cpu-async-lora", "it saves none, trainer.save_strategy=no"),
     ("qwen7b-server", "the run stopped before its first save"),
 ])
+@pytest.mark.fault
 def test_resuming_a_run_without_a_checkpoint_takes_from_scratch(tmp_path, recipe, why, capsys):
     """Issue 27, 9 and 10: --resume of a run that has no checkpoint silently trained again from step 0 (and
     overwrote checkpoints/final); the async CPU loop never checkpoints at all."""
@@ -229,6 +231,7 @@ def test_resuming_a_run_without_a_checkpoint_takes_from_scratch(tmp_path, recipe
     assert main(["run", "--resume", str(run_dir), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "there is no checkpoint to resume from" in err and why in err and "--from-scratch" in err
+    record_fault(FaultRow(f"9, 10 --resume of {recipe} with no checkpoint", 1, REFUSED, REFUSED))
     assert main(["run", "--resume", str(run_dir), "--dry-run", "--from-scratch"]) == 0
     capsys.readouterr()
     if recipe == "qwen7b-server":  # with a checkpoint there, --from-scratch is refused and a resume goes ahead

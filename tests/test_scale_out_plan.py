@@ -12,6 +12,7 @@ import time
 import pytest
 import yaml
 from conftest import grpo, plan_json
+from fault_matrix import FINISHED, REFUSED, FaultRow, record_fault
 from rich.console import Console
 
 from grpo_launch.cli import main
@@ -184,8 +185,8 @@ def test_skypilot_task_reads_its_nodes_from_skypilot():
     assert task["setup"] == "pip install grpo-launch\n"
     assert "SKYPILOT_NODE_IPS" in task["run"] and '--node "$SKYPILOT_NODE_RANK"' in task["run"]
     assert subprocess.run(["bash", "-n"], input=task["run"], text=True).returncode == 0
-    assert plan["scheduler"]["submit"] == ["sky", "launch", "--yes", "--cluster", "grpo-qwen72b-colocate",
-                                           "task.yaml"]
+    assert plan["scheduler"]["submit"] == ["sky", "launch", "--yes", "--cluster",  # the launcher names the run's own
+                                           "grpo-qwen72b-colocate-<run>-<hash>", "--down", "task.yaml"]
 
 
 def test_json_contract_has_a_scheduler_section():
@@ -194,7 +195,7 @@ def test_json_contract_has_a_scheduler_section():
         plan = plan_json(*TWO_CPU_NODES, f"scheduler={kind}")
         section = plan["scheduler"]
         assert set(section) == {"kind", "job_file", "submit", "node_rank", "addresses", "groups", "verbatim", "jobs",
-                                "storage", "price_per_hour", "cluster", "settings"}
+                                "storage", "price_per_hour", "cluster", "settings", "control_plane_timeout_s"}
         settings = declared(kind).settings  # the scheduler's own recipe section, for its launcher
         assert (section["settings"] is None) == (settings is None)
         assert bool(section["jobs"]) == (kind == "hf-jobs")
@@ -258,12 +259,14 @@ def test_run_dry_run_prints_the_job_file_and_its_submission(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.fault
 def test_checkpoints_each_skypilot_node_would_keep_alone_are_refused_with_the_fix():
     """Issue 27, 8: qwen72b-colocate on 4 SkyPilot nodes checkpointed into each node's own copy of the run directory
     (no warning); a resume then loaded step N on node 0 and started afresh on the others."""
     with pytest.raises(UserError, match="4 trainer nodes save checkpoints to checkpoints in the run directory") as e:
         build_plan(compose(["recipe=qwen72b-colocate", "scheduler=skypilot"]))
     assert e.value.key == "trainer.output_dir" and "run.node_local_checkpoints=true" in e.value.hint
+    record_fault(FaultRow("8 node-local checkpoints on 4 nodes", 1, REFUSED, REFUSED))
     for fix in ("trainer.output_dir=/shared/checkpoints", "run.node_local_checkpoints=true",
                 "trainer.save_strategy=no", "cluster.nodes=1", "scheduler=slurm"):
         build_plan(compose(["recipe=qwen72b-colocate", "scheduler=skypilot", fix]))
@@ -304,6 +307,7 @@ def test_the_node_that_claimed_the_first_failure_comes_first_whatever_the_clocks
     assert [f.node for f in read_node_failures(tmp_path)] == [1, 0]
 
 
+@pytest.mark.fault
 def test_a_node_starts_without_an_earlier_runs_failure_records_and_times_its_own_when_it_failed(tmp_path):
     """Issue 27, 14: a stale node-K.failure.json marked a resumed, finished run as failed (and named an old cause to
     its job). A node's supervisor clears its own at the start; the record it writes carries when the failure
@@ -323,8 +327,10 @@ def test_a_node_starts_without_an_earlier_runs_failure_records_and_times_its_own
     write_node_failure(tmp_path, NodeFailure(0, 9, 1, "trainer", "an earlier run's"))
     (tmp_path / "logs" / FIRST_FAILURE).write_text("0\n")
     console = Console(file=io.StringIO(), width=200)
-    assert run_nodes(Plan.from_json(plan), tmp_path, [0], grace_s=3, console=console).code == 0
+    code = run_nodes(Plan.from_json(plan), tmp_path, [0], grace_s=3, console=console).code
     assert failure_records(tmp_path) == () and not (tmp_path / "logs" / FIRST_FAILURE).exists()
+    record_fault(FaultRow("14 an earlier run's node failure record", 1, FINISHED,
+                          FINISHED if code == 0 else f"exit {code}"))
 
     failing = server_plan(tmp_path, ["--ignore-sigterm"], ["--run-for", "0.1", "--code", "3"])
     result = run_nodes(Plan.from_json(failing), tmp_path, [0], grace_s=3, console=console)

@@ -2,8 +2,8 @@
 
 A marker secret is exported and used through every interpolation that could read it; each is refused at compose
 time, and afterwards neither the run directory nor any cache holds it. Values that look like tokens are refused under
-any name; a vLLM server reachable beyond loopback with dev mode on is warned about; a process that prints a secret
-it was passed by name has it replaced in its log and on the console.
+any name; a process that prints a secret it was passed by name has it replaced in its log and on the console. (The
+key every vLLM server requires, by name only: test_replica_key.)
 """
 
 from __future__ import annotations
@@ -127,21 +127,6 @@ def test_a_long_random_string_in_env_set_is_refused(value, capsys):
 ])
 def test_what_is_not_a_secret_plans(override, capsys):
     assert main(["plan", *override.split()]) == 0, capsys.readouterr().err
-
-
-def test_a_dev_mode_server_beyond_loopback_is_warned_about():
-    exposed = plan_json("recipe=qwen72b-server")  # vLLM on node 4, its trainer on nodes 0-3: 0.0.0.0
-    (warning,) = [w for w in exposed["warnings"] if "dev mode" in w]
-    assert warning.startswith("vllm listens on 0.0.0.0:8000 with vLLM's dev mode on")
-    for words in ("/pause, /sleep, /collective_rpc and the weight-update routes", "--api-key does not guard them",
-                  "private network", "firewall", "network isolation of the scheduler"):
-        assert words in warning
-    async_lora = plan_json("recipe=qwen1.5b-async-lora", "cluster.nodes=2", "placement.async_lora.replicas=2",
-                           "placement.trainer_nodes=1")
-    assert sum("dev mode" in w for w in async_lora["warnings"]) == len(
-        [p for p in async_lora["processes"] if p["role"] == "vllm"])
-    for loopback in ("recipe=tiny-cpu-server", "recipe=qwen7b-server", "recipe=tiny-cpu-async-lora"):
-        assert not [w for w in plan_json(loopback)["warnings"] if "dev mode" in w], loopback
 
 
 def test_a_secret_a_process_prints_is_kept_out_of_its_log_and_the_console(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from conftest import RUN_ENV, free_port, grpo
+from fault_matrix import REFUSED, FaultRow, record_fault
 
 pytestmark = pytest.mark.slow
 
@@ -24,6 +25,7 @@ def processes_in(directory) -> list[str]:
     return found
 
 
+@pytest.mark.fault
 def test_grpo_stop_ends_a_local_run_from_another_terminal(tmp_path):
     cmd = [sys.executable, "-c", "from grpo_launch.cli import entrypoint; entrypoint()", "run",
            f"run.root={tmp_path / 'runs'}", "trainer.max_steps=500", f"run.main_process_port={free_port()}"]
@@ -45,6 +47,8 @@ def test_grpo_stop_ends_a_local_run_from_another_terminal(tmp_path):
     assert second.returncode == 2, second.stdout + second.stderr
     assert f"{run_dir} is running: its node 0 is held by `grpo run` pid {proc.pid} on" in second.stderr
     assert (run_dir / "submitted.json").read_bytes() == submitted and proc.poll() is None
+    record_fault(FaultRow("11 a second --resume of a running run", 1, REFUSED,
+                          REFUSED if second.returncode == 2 else f"exit {second.returncode}"))
     stopped = grpo("stop", str(run_dir), env=RUN_ENV, cwd=tmp_path)
     assert stopped.returncode == 0 and "SIGTERM sent" in stopped.stdout, stopped.stdout + stopped.stderr
     proc.wait(timeout=60)
@@ -62,6 +66,7 @@ def test_grpo_stop_refuses_what_is_not_a_run_directory(tmp_path):
     assert result.returncode == 2 and "not a grpo-launch run directory" in result.stderr
 
 
+@pytest.mark.fault
 def test_grpo_stop_does_not_signal_a_process_that_took_the_recorded_pid(tmp_path):
     """Issue 27, 18: `grpo stop` took a recorded pid for the run's `grpo run` when its command line held "grpo":
     after the run ended and the pid was reused, it signalled another process. The record has its start time."""
@@ -80,7 +85,8 @@ def test_grpo_stop_does_not_signal_a_process_that_took_the_recorded_pid(tmp_path
                                            started=process_started(other.pid) - 1, nodes=(0,)))
         stopped = grpo("stop", str(run_dir), cwd=tmp_path)
         assert stopped.returncode == 0 and "nothing to stop" in stopped.stdout, stopped.stdout + stopped.stderr
-        assert other.poll() is None
+        record_fault(FaultRow("18 grpo stop after the run's pid was reused", 1, REFUSED,
+                              REFUSED if other.poll() is None else "signalled the pid's new owner"))
     finally:
         other.kill()
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import plan_json
+from fault_matrix import FINISHED, FaultRow, record_fault
 from rich.console import Console
 from supervised import (
     assert_all_dead,
@@ -102,6 +103,7 @@ def test_a_prepare_step_with_a_cache_key_is_built_once(tmp_path, monkeypatch, mo
         assert "prepared thing: kept from an earlier run" in out
 
 
+@pytest.mark.fault
 def test_a_kept_entry_copied_onto_a_full_disk_is_not_taken_as_prepared(tmp_path, monkeypatch, small_disk):
     """Issue 27, 7: the copy of a kept entry that a full disk cut left the entry half there, and every later start
     skipped the step as done. Here the run directory is a real file system of 256 KiB and the entry 400 KiB."""
@@ -120,6 +122,8 @@ def test_a_kept_entry_copied_onto_a_full_disk_is_not_taken_as_prepared(tmp_path,
     assert result.code == 0, out
     assert sorted(p.name for p in (run_dir / "thing").iterdir()) == [f"part{i}" for i in range(4)]
     assert not counter.exists()  # copied, never built
+    record_fault(FaultRow("7 disk full while restoring a prepared model", 1, FINISHED,
+                          FINISHED if result.code == 0 else f"exit {result.code}"))
 
 
 def test_the_prepare_steps_run_alone_for_a_scheduler_that_starts_processes_elsewhere(tmp_path, monkeypatch):

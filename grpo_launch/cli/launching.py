@@ -78,7 +78,8 @@ def start(composed: Composed, the_plan: Plan, dirs: list[str], *, run_dir: Path 
         console.print(f"[bold]run directory[/] {escape(str(run_dir))} ({escape(launcher.reach)})")
         if missing:
             console.print(f"[yellow]{escape(missing)}[/]")
-            console.print(f"  cd {shell_word(str(run_dir))} && {shell_line(the_plan.scheduler.submit)}", markup=False)
+            submit = shell_line(launcher.submit_command(the_plan, run_dir))
+            console.print(f"  cd {shell_word(str(run_dir))} && {submit}", markup=False)
             return run_dir, None
         keeps = launcher.keeps_metrics(the_plan, options)
         title = f"{composed.recipe} ({run_dir.name})"

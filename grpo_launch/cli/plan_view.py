@@ -12,7 +12,9 @@ from grpo_launch.cli.console import counted, rule
 from grpo_launch.cli.memory_view import print_memory
 from grpo_launch.cli.prediction_view import print_prediction
 from grpo_launch.contracts.plan import Plan, VllmSettings
+from grpo_launch.contracts.secrets import secret_names
 from grpo_launch.contracts.shell import shell_line, shell_word
+from grpo_launch.contracts.vllm import REPLICA_KEY_ENV
 from grpo_launch.plan.documents import document_text
 from grpo_launch.plan.launch_script import command_line
 
@@ -61,6 +63,18 @@ def bounds_line(plan: Plan) -> str:
         parts.append(f"trainer nodes exit within {max(exits):g} s of each other")
     parts += [f"prepare {step.name} within {step.timeout_s:g} s" for step in plan.prepare]
     return "; ".join(parts)
+
+
+def secrets_line(plan: Plan) -> str:
+    """The variables the processes read a secret from: names only, the values stay in the environment."""
+    names = secret_names(plan)
+    if not names:
+        return ""
+    line = f"read by name from the environment, never written: {', '.join(names)}"
+    if REPLICA_KEY_ENV in names:
+        line += (f"; every vLLM server requires {REPLICA_KEY_ENV} on every route but /health (yours, else made for "
+                 f"the run where grpo starts every node)")
+    return line
 
 
 def _scheduler(plan: Plan, console: Console) -> None:
@@ -141,6 +155,8 @@ def print_plan(plan: Plan, *, show_files: bool = False, memory_tables: bool = Fa
     console.print(processes_table(plan))
     if bounds := bounds_line(plan):
         console.print(f"[bold]bounds[/]    {bounds}")
+    if secrets := secrets_line(plan):
+        console.print(f"[bold]secrets[/]   {escape(secrets)}")
     console.print()
     _scheduler(plan, console)
     console.print()

@@ -8,6 +8,7 @@ import typer
 
 from grpo_launch.cli.app import app
 from grpo_launch.contracts.knobs import default_of, doc_of
+from grpo_launch.contracts.vllm import REPLICA_KEY_ENV
 from grpo_launch.errors import UserError
 from grpo_launch.proxy.config import ProxyConfig
 
@@ -48,14 +49,18 @@ def proxy(
                                                 "when --host is not loopback."),
     upstream_api_key_env: str | None = typer.Option(None, metavar="NAME",
                                                     help="Environment variable holding the key sent to the "
-                                                         "replicas (their --api-key)."),
+                                                         "replicas (their --api-key, or the key in "
+                                                         f"{REPLICA_KEY_ENV} a plan's replicas require); unset: "
+                                                         "none is sent."),
 ) -> None:
     """Route generation to the replica holding the prompt's KV prefix; broadcast adapter loads, pause and resume."""
     config = ProxyConfig(replicas=tuple(replica), host=host, port=port, block_size=block_size, imbalance=imbalance,
                          max_tracked_blocks=max_tracked_blocks, lora_load_timeout_s=lora_load_timeout_s,
                          request_timeout_s=request_timeout_s, health_interval_s=health_interval_s,
                          tokenizer=tokenizer, client_api_key=_secret(api_key_env, "--api-key-env"),
-                         upstream_api_key=_secret(upstream_api_key_env, "--upstream-api-key-env"))
+                         # Unset is no key: on a node its scheduler gave none, the replicas take none (the launch
+                         # says so); a replica that does want one answers 401, which the proxy's log shows.
+                         upstream_api_key=os.environ.get(upstream_api_key_env or "") or None)
     try:
         from grpo_launch.proxy.main import run
     except ImportError as e:

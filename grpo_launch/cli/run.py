@@ -78,9 +78,7 @@ def check_resumable(run_dir: Path, from_scratch: bool) -> None:
                         hint="drop --from-scratch to resume from it, or start a new run to train from step 0")
     if found or from_scratch:
         return
-    why = ("its trainer, TRL's async pieces in one CPU process, saves no checkpoints"
-           if not plan.trainer_inputs.trainer.checkpoints else
-           "it saves none, trainer.save_strategy=no" if not facts.saves_checkpoints else
+    why = ("it saves none, trainer.save_strategy=no" if not facts.saves_checkpoints else
            f"no checkpoint in {output} is whole, the run stopped before its first save")
     raise UserError(f"--resume {run_dir}: there is no checkpoint to resume from ({why}), and it would train again "
                     f"from step 0", key="--resume",
@@ -195,8 +193,8 @@ def run(
             rule(console, escape(name))
             console.print(text, markup=False, soft_wrap=True)
         if the_plan.scheduler.submit:
-            console.print(Text.assemble(("would then run", "bold"),
-                                        f" {shell_line(the_plan.scheduler.submit)} (in the run directory)"))
+            submit = launcher.submit_command(the_plan, target.resolve())
+            console.print(Text.assemble(("would then run", "bold"), f" {shell_line(submit)} (in the run directory)"))
         return
     from grpo_launch.cli.launching import start
 

@@ -23,7 +23,7 @@ from grpo_launch.contracts.inputs import Data, Lora
 from grpo_launch.contracts.knobs import ENV_NAME, default_of, knob, violation
 from grpo_launch.contracts.proxy import DEFAULT_PROXY_PORT, ProxyKnobs
 from grpo_launch.contracts.schedulers import CONTROL_PLANE_TIMEOUT_S, DECLARED
-from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE
+from grpo_launch.contracts.vllm import DEFAULT_BLOCK_SIZE, REPLICA_KEY_ENV
 from grpo_launch.errors import UserError, collect, did_you_mean
 
 
@@ -125,8 +125,8 @@ class Proxy(ProxyKnobs):
     api_key_env: str | None = knob(None, "Name of the environment variable holding the key clients must send "
                                          "(the trainer sends it too); required when the proxy's host is not "
                                          "loopback; null: no client auth.", form=ENV_NAME)
-    upstream_api_key_env: str | None = knob(None, "Name of the environment variable whose value is sent to "
-                                                  "replicas as a Bearer token.", form=ENV_NAME)
+    upstream_api_key_env: str | None = knob(None, f"Kept null: the replicas require the run's own key "
+                                                  f"({REPLICA_KEY_ENV}), which the proxy sends them.", form=ENV_NAME)
 
 
 @dataclass(kw_only=True)

@@ -48,11 +48,6 @@ class Trainer(StrEnum):
         """The TRL config class its arguments fill (trl_fields)."""
         return "GRPOConfig" if self is Trainer.GRPO else "AsyncGRPOConfig"
 
-    @property
-    def checkpoints(self) -> bool:
-        """Whether it saves checkpoints a run resumes from (TRL's trainers; the CPU loop does not)."""
-        return self is not Trainer.ASYNC_LOOP
-
 
 class Sharding(StrEnum):
     """How the trainer ranks share the model."""
@@ -239,7 +234,8 @@ class TrainerInputs:
     chat_prompts: bool = False                 # turn plain prompts into chat messages (TRL's async worker needs it)
     weight_sync: WeightSync = WeightSync.TRL
     server_key_env: str | None = None          # the variable holding the key vllm_server_base_url requires (the
-                                               # proxy's client key), sent by TRL's clients as HTTP Basic auth
+                                               # proxy's client key, or the vLLM server's own: REPLICA_KEY_ENV),
+                                               # sent by TRL's clients as HTTP Basic auth
 
 
 @dataclass(frozen=True)
@@ -307,7 +303,7 @@ class SchedulerPlan:
     node_rank: str                             # how each node learns its index, in words
     addresses: str                             # how the nodes' addresses reach the processes, in words
     groups: tuple[NodeGroup, ...]
-    cluster: str | None = None                 # skypilot: the cluster the task runs on (sky cancel, sky down)
+    cluster: str | None = None                 # skypilot: the recipe's cluster, or the pattern of the run's own
     verbatim: tuple[VerbatimLine, ...] = ()    # what the job file runs or passes on as written
     jobs: tuple[JobSpec, ...] = ()             # machines submitted one by one, in submit order (hf-jobs)
     storage: str | None = None                 # where the machines find the run directory, in words

@@ -484,6 +484,11 @@ class CheckpointRecord:
     time: float
 
 
+def checkpoint_dir(output: Path, step: int) -> Path:
+    """The checkpoint of step `step` in a trainer's output directory, by transformers' name."""
+    return output / f"checkpoint-{step}"
+
+
 def checkpoints_of(run_dir: Path, output_dir: str) -> Path:
     """Where a run's checkpoints are: its TRL output_dir, relative to the run directory unless absolute."""
     return run_dir / Path(output_dir).expanduser()

@@ -56,16 +56,55 @@ class SlurmSettings:
 
 CONTROL_PLANE_TIMEOUT_S = 600.0  # scheduler.control_plane_timeout_s's default (launch.control_plane)
 SKY_WORKDIR = "~/sky_workdir"  # where SkyPilot puts the task's workdir (the run directory) on every node
+# A run's own cluster: grpo-, the recipe and the run directory's name (readable, cut to fit), then the run's hash.
+# SkyPilot takes any length (it fits the name to each cloud's limit itself, keeping a hash of the whole name); this
+# keeps `sky status` readable.
+SKYPILOT_CLUSTER_LENGTH = 48
+SKYPILOT_CLUSTER_PATTERN = "grpo-<recipe>-<run>-<hash>"
 
 
 @dataclass(kw_only=True)
 class SkyPilotSettings:
-    cluster_name: str | None = knob(None, "`sky launch -c NAME`; null: grpo-<recipe>.", form=SKYPILOT_NAME)
+    cluster_name: str | None = knob(None, f"`sky launch -c NAME`; null: a cluster of the run's own, "
+                                          f"{SKYPILOT_CLUSTER_PATTERN} (<hash>: of the run directory's full path). "
+                                          "A name you set is yours to keep unique: runs given one name share its "
+                                          f"cluster and {SKY_WORKDIR} (one run's checkpoints are the next one's), and "
+                                          "`grpo stop` cancels its own job there but leaves the cluster to "
+                                          "SkyPilot's autodown.", form=SKYPILOT_NAME)
     cloud: str | None = knob(None, "resources.cloud; null: SkyPilot picks.", choices=SKYPILOT_CLOUDS)
     accelerators: str | None = knob(None, "resources.accelerators; null: <cluster.gpu_type>:<cluster.gpus_per_node> "
                                           "on GPUs, none on CPU.", form=SKYPILOT_ACCELERATORS)
     use_spot: bool = knob(False, "resources.use_spot.")
     disk_size: int | None = knob(None, "resources.disk_size in GB.", ge=1)
+    down: bool = knob(True, "Take the cluster down when the run ends: `sky launch --down` (SkyPilot's autodown, once "
+                            "no job runs on it), and the run's own cluster is taken down (`sky down`) when `grpo run` "
+                            "has followed its job to the end and brought node 0's metrics and logs here (unless "
+                            "idle_minutes_to_autostop says to wait), and by `grpo stop`. Its disks go with it: "
+                            "checkpoints outlive it only on storage mounted from elsewhere. false: the cluster is "
+                            "kept, billing until `sky down` (or stopped after idle_minutes_to_autostop).")
+    idle_minutes_to_autostop: int | None = knob(None, "`sky launch --idle-minutes-to-autostop`: minutes without a job "
+                                                      "before SkyPilot takes the cluster down (down: true; `grpo run` "
+                                                      "leaves it up that long) or stops it (down: false); null: down "
+                                                      "at once (SkyPilot's autodown waits 1 minute), a kept cluster "
+                                                      "never stopped.", ge=0)
+
+
+def skypilot_name_part(text: str) -> str:
+    """`text` as a part of a SkyPilot cluster name: lowercase letters and digits, single dashes between."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def skypilot_cluster(recipe: str, run_dir: Path) -> str:
+    """The run's own SkyPilot cluster (SKYPILOT_CLUSTER_PATTERN): told from every other run's by the run directory's
+    hash, however alike their names (a sweep's share their first 20-odd characters)."""
+    room = SKYPILOT_CLUSTER_LENGTH - len("grpo-") - 1 - RUN_HASH_LENGTH
+    readable = skypilot_name_part(f"{recipe}-{run_dir.resolve().name}")[:room].strip("-")
+    return f"grpo-{readable}-{run_hash(run_dir)}"
+
+
+def skypilot_cluster_pattern(recipe: str) -> str:
+    """What `grpo plan` shows for the cluster of a run whose directory is not known yet."""
+    return SKYPILOT_CLUSTER_PATTERN.replace("<recipe>", skypilot_name_part(recipe))
 
 
 @dataclass(kw_only=True)

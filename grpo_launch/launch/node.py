@@ -13,11 +13,14 @@ from collections.abc import Collection
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from grpo_launch.contracts.plan import Plan
 from grpo_launch.contracts.rundir import NodeFailure, claim_first_failure, clear_node_failures, write_node_failure
+from grpo_launch.contracts.vllm import REPLICA_KEY_ENV
 from grpo_launch.errors import UserError
 from grpo_launch.launch.preflight import check_data_files, check_keys_set, check_ports_free, check_vllm_installed
+from grpo_launch.launch.replica_key import provide_replica_key
 from grpo_launch.launch.result import RunResult
 from grpo_launch.launch.spawn import stray_launcher_variables
 from grpo_launch.launch.supervisor import supervise
@@ -35,11 +38,14 @@ def check_not_a_worker(environ: dict[str, str]) -> None:
 
 
 def prepare_node(plan: Plan, nodes: Collection[int], console: Console) -> Plan:
-    """The plan as these nodes run it: addresses filled in, refused if started as a worker, if vLLM is missing where
-    an engine runs or a port is busy."""
+    """The plan as these nodes run it: addresses filled in, the vLLM servers' key in the environment, refused if
+    started as a worker, if vLLM is missing where an engine runs or a port is busy."""
     check_not_a_worker(dict(os.environ))
     check_data_files(plan)
     check_keys_set(plan)
+    keyed = provide_replica_key(plan, nodes, os.environ)
+    if keyed is not None:
+        console.print(f"[{'dim' if os.environ.get(REPLICA_KEY_ENV) else 'yellow'}]{escape(keyed)}[/]")
     resolved = plan.with_addresses(os.environ)
     for node in nodes:
         check_vllm_installed(resolved, node)

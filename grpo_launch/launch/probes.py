@@ -22,7 +22,7 @@ PROBE_AGENT = "grpo-launch"      # the User-Agent of the supervisor's probes
 
 def _bearer(key_env: str | None) -> dict[str, str]:
     """The Authorization header a spec's probes send: the key its variable holds (a keyed proxy answers nothing
-    without it), read from the environment by name."""
+    without it, a vLLM server nothing but /health), read from the environment by name; none where it is unset."""
     key = os.environ.get(key_env, "") if key_env else ""
     return {"Authorization": f"Bearer {key}"} if key else {}
 

@@ -40,7 +40,7 @@ from grpo_launch.plan.placements import placement_of
 from grpo_launch.plan.placements.base import Placement
 from grpo_launch.plan.schedulers import scheduler_of
 from grpo_launch.plan.secrets import check_secrets
-from grpo_launch.plan.serving import exposed_dev_mode, watched
+from grpo_launch.plan.serving import watched
 from grpo_launch.plan.trainer_args import (
     build_trainer_args,
     build_trainer_inputs,
@@ -141,7 +141,6 @@ def _planned(composed: Composed) -> Plan:
     secrets = (result.server_key_env,) if result.server_key_env else ()
     trainers = trainer_processes(ctx, layout, result.trainer_depends_on, result.trainer_env, secrets)
     processes = watched(config, (*result.services, *trainers))
-    exposed = exposed_dev_mode(processes)
     plan = Plan(
         recipe=composed.recipe,
         placement=config.placement.kind,
@@ -174,7 +173,7 @@ def _planned(composed: Composed) -> Plan:
     plan = replace(plan, files={**files, LAUNCH_FILE: launch_script(plan), **job_files},
                    scheduler=replace(scheduled, settings=settings_in(config.scheduler, scheduled.kind),
                                      control_plane_timeout_s=config.scheduler.control_plane_timeout_s),
-                   warnings=tuple(ctx.warnings + _idle_warning(ctx, layout) + ctx.scheduler.warnings(config, scheduled)
-                                  + exposed))
+                   warnings=tuple(ctx.warnings + _idle_warning(ctx, layout)
+                                  + ctx.scheduler.warnings(config, scheduled)))
     plan = replace(plan, memory=estimate_memory(config, plan, placement, ctx.model.resolved))  # the CLI decides
     return replace(plan, prediction=predict_step_time(config, plan, placement, ctx.model.resolved))

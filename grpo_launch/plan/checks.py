@@ -200,5 +200,3 @@ def check_recipe_name(recipe: str) -> None:
                         f"letters, digits and . _ - only", key="recipe",
                         hint="rename the recipe's file (recipe/NAME.yaml)")
 
-
-# Routes `vllm serve` opens with VLLM_SERVER_DEV_MODE=1, which TRL needs; vLLM's --api-key does not guard them.

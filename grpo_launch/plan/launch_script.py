@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from grpo_launch.contracts.plan import Plan, ProcessSpec, Role
 from grpo_launch.contracts.shell import shell_line, shell_word
+from grpo_launch.contracts.vllm import REPLICA_KEY_BYTES, REPLICA_KEY_ENV
 from grpo_launch.plan.schedulers.base import ANSWERS_PY, node_list
 
 PACKAGE = "grpo_launch"  # the modules the commands run with `python -m`
@@ -70,6 +71,20 @@ def _needs(argvs: Sequence[Sequence[str]]) -> tuple[str, str]:
     return ", ".join(f"`{e}`" for e in entrypoints), listed
 
 
+def _replica_key(plan: Plan) -> list[str]:
+    """Every vLLM server requires the run's key: on one machine, yours or one made for this replay; on several, the
+    same on each, so it must be yours."""
+    if not any(REPLICA_KEY_ENV in p.pass_env for p in plan.processes):
+        return []
+    if plan.nodes == 1:
+        made = f"python3 -c 'import secrets; print(secrets.token_urlsafe({REPLICA_KEY_BYTES}))'"
+        return [f"# Every vLLM server requires the key in {REPLICA_KEY_ENV}: yours if exported, else one made for "
+                f"this replay.", f'{REPLICA_KEY_ENV}="${{{REPLICA_KEY_ENV}:-$({made})}}"', f"export {REPLICA_KEY_ENV}"]
+    return [f"# Every vLLM server requires the key in {REPLICA_KEY_ENV}, the same on every node.",
+            f'if [ -z "${{{REPLICA_KEY_ENV}:-}}" ]; then',
+            f'  echo "launch.sh: export {REPLICA_KEY_ENV} first, the same key on every node" >&2; exit 2', "fi"]
+
+
 def launch_script(plan: Plan) -> str:
     processes, prepare = plan.processes, plan.prepare
     ready = {p.name: p for p in processes if p.ready_url}
@@ -81,6 +96,7 @@ def launch_script(plan: Plan) -> str:
     lines = [_HEADER.format(about=textwrap.fill(about, COMMENT_WIDTH, initial_indent="# ", subsequent_indent="# ",
                                                 break_long_words=False, break_on_hyphens=False),
                             node_pattern="|".join(map(str, nodes)), nodes=node_list(nodes), answers=ANSWERS_PY)]
+    lines += _replica_key(plan)
     for step in prepare:
         lines.append(f"# {step.name}: run once, before any process")
         lines.append(f"[ -e {shell_word(step.creates)} ] || {shell_line(step.argv)}")

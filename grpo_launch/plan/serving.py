@@ -1,5 +1,6 @@
 """vLLM serving: the `vllm serve` processes the server and async-lora placements start, with the flags TRL's
-trainers need (what `trl vllm-serve` would exec), on GPUs and CPUs alike."""
+trainers need (what `trl vllm-serve` would exec), on GPUs and CPUs alike. Every one requires the run's key on every
+route but /health (contracts.vllm_guard), which its clients and the supervisor's probes send."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import dataclasses
 
 from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.devices import Device
-from grpo_launch.contracts.hosts import is_loopback
 from grpo_launch.contracts.plan import Engine, Liveness, ProcessSpec, Restart, Role
+from grpo_launch.contracts.vllm import REPLICA_GUARD, REPLICA_KEY_ENV
 from grpo_launch.errors import UserError
 from grpo_launch.plan.context import Context
 
@@ -36,7 +37,7 @@ def vllm_serve_argv(ctx: Context, *, bind: str, port: int, extra: tuple[str, ...
     if m.trust_remote_code:
         argv += ["--trust-remote-code"]
     argv += ctx.device.serve_flags()
-    argv += ["--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1"]
+    argv += ["--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1", "--middleware", REPLICA_GUARD]
     return tuple(argv) + extra + tuple(v.extra_args)
 
 
@@ -50,9 +51,10 @@ def served_engine(ctx: Context, index: int, name: str, owner: str, node: int, gp
     env = ctx.env(gpus) | ctx.device.engine_env(v.cpu_kvcache_space_gib) | DEV_MODE | (extra_env or {})
     spec = ProcessSpec(name=name, role=Role.VLLM, node=node, gpus=gpus,
                        argv=vllm_serve_argv(ctx, bind=ctx.bind, port=port, extra=extra_flags),
-                       env=env, pass_env=tuple(ctx.config.env.passthrough), port=port, ready_url=f"{url}/health",
-                       ready_timeout_s=v.health_timeout_s, start_delay_s=start_delay_s, restart=restart,
-                       metrics_url=f"{url}/metrics")
+                       env=env, pass_env=tuple(dict.fromkeys([*ctx.config.env.passthrough, REPLICA_KEY_ENV])),
+                       port=port, ready_url=f"{url}/health", ready_timeout_s=v.health_timeout_s,
+                       start_delay_s=start_delay_s, restart=restart, metrics_url=f"{url}/metrics",
+                       probe_key_env=REPLICA_KEY_ENV)
     return spec, Engine(index=index, node=node, gpus=gpus, process=name, url=url)
 
 
@@ -84,22 +86,3 @@ def check_block_size(config: Config, device: Device) -> None:
         raise UserError(f"vllm.block_size={block}: vLLM's {device.label} attention takes KV-cache blocks of a "
                         f"multiple of {multiple} tokens only, and the engine would not start", key="vllm.block_size",
                         hint=f"set vllm.block_size={multiple} (cluster={device.name}'s default)")
-
-
-DEV_MODE_ROUTES = "/pause, /sleep, /collective_rpc and the weight-update routes"
-
-
-def exposed_dev_mode(processes: tuple[ProcessSpec, ...]) -> list[str]:
-    """A warning for each vLLM server that listens beyond loopback with dev mode on."""
-    warnings = []
-    for p in processes:
-        if p.env.get("VLLM_SERVER_DEV_MODE") != "1" or "--host" not in p.argv:
-            continue
-        bind = p.argv[p.argv.index("--host") + 1]
-        if is_loopback(bind):
-            continue
-        warnings.append(f"{p.name} listens on {bind}:{p.port} with vLLM's dev mode on (TRL needs it): "
-                        f"{DEV_MODE_ROUTES} answer anyone who can reach that port, and --api-key does not guard "
-                        f"them. Keep the port closed to everyone but the job: the nodes' private network, a "
-                        f"firewall, or the network isolation of the scheduler's allocation")
-    return warnings

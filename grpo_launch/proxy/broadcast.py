@@ -7,6 +7,8 @@ An adapter load, a pause and a resume are all-or-nothing: a refusal is undone on
 adapter unloaded, the pause resumed, the resume paused again) and returned. A replica that cannot see the adapter
 directory yet (shared storage lags) is asked again until `lora_load_timeout_s`; a mount that never shows the
 directory answers 504, never 404: TRL reads a 404 from /v1/load_lora_adapter as "runtime LoRA updating is off".
+A broadcast runs to its end whatever its client does: the server runs it as a task of its own, which a client's
+hang-up does not cancel.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -24,6 +25,7 @@ from grpo_launch.proxy.upstream import Upstream
 
 log = logging.getLogger("grpo_launch.proxy")
 
+T = TypeVar("T")
 RETIRED_NAMES = 4096  # adapter names unloaded through the proxy that a returning replica is checked for
 
 
@@ -98,13 +100,14 @@ class Fleet:
         rather than at the next interval, so that a dead replica leaves routing before more requests reach it. One
         already out of routing waits for the regular probe, which readmits it."""
         if self.replicas[index].healthy:
-            self._start(self._probe(self.replicas[index]))
+            self.start(self._probe(self.replicas[index]))
 
-    def _start(self, coroutine) -> None:
+    def start(self, coroutine: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """A task held until it ends (asyncio keeps only a weak reference), and cancelled by `stop`."""
         task = asyncio.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -121,7 +124,7 @@ class Fleet:
             self.mark_dead(replica.index, problem)
         elif not replica.healthy and not replica.readmitting:
             replica.readmitting = True
-            self._start(self._readmit(replica))
+            self.start(self._readmit(replica))
 
     async def _readmit(self, replica: Replica) -> None:
         try:

@@ -4,9 +4,6 @@ vLLM server of data-parallel size 1 (TRL turns adapter-only sync off for anythin
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hmac
 import json
 import logging
 import time
@@ -17,6 +14,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from grpo_launch.contracts.secrets import key_matches
 from grpo_launch.errors import UserError
 from grpo_launch.proxy import broadcast
 from grpo_launch.proxy.config import ProxyConfig, tokenizer_file
@@ -106,9 +104,7 @@ class Proxy:
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler) -> web.StreamResponse:
-        key = presented_key(request.headers.get("Authorization", ""))
-        expected = self.config.client_api_key or ""
-        if key is None or not hmac.compare_digest(key.encode(), expected.encode()):
+        if not key_matches(request.headers.get("Authorization", ""), self.config.client_api_key or ""):
             response = _web(error_reply(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (or HTTP "
                                              "Basic auth with the key as password)", "AuthenticationError"))
             response.headers["WWW-Authenticate"] = "Bearer"
@@ -223,9 +219,21 @@ class Proxy:
     # -- everything else ------------------------------------------------------------------------------------------
 
     async def broadcast(self, request: web.Request) -> web.Response:
+        """A client that hangs up cancels its handler (`handler_cancellation`, which aborts abandoned generations);
+        a broadcast cut there would leave its change on some replicas and the fleet unaware of it. So it runs as a
+        task of the fleet's, to its end (all-or-nothing, see broadcast), whatever the client does: the handler
+        only waits for it."""
         body = await request.read()
-        headers = self.upstream.headers(request.headers)
-        path, path_qs = request.path, request.raw_path
+        task = self.fleet.start(self._broadcast(request.path, request.raw_path, body,
+                                                self.upstream.headers(request.headers)))
+        try:
+            outcome = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            log.info("a client hung up during %s: the broadcast goes on to its end", request.path)
+            raise
+        return _web(outcome.reply)
+
+    async def _broadcast(self, path: str, path_qs: str, body: bytes, headers: dict[str, str]) -> broadcast.Outcome:
         if path == broadcast.LOAD:
             outcome = await broadcast.load_adapter(self.fleet, path_qs, body, headers,
                                                    timeout_s=self.config.lora_load_timeout_s,
@@ -237,7 +245,7 @@ class Proxy:
         self.stats.broadcasts[path, outcome.label] += 1
         if outcome.label != "ok":
             log.warning("%s: %s", path, outcome.reply.text[:500])
-        return _web(outcome.reply)
+        return outcome
 
     async def forward_to_one(self, request: web.Request) -> web.StreamResponse:
         available = self.fleet.available()
@@ -303,20 +311,6 @@ class Proxy:
     async def metrics(self, request: web.Request) -> web.Response:
         text = self.stats.to_prometheus([r.to_json() for r in self.fleet.replicas], self.router.tracked_blocks)
         return web.Response(body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-
-
-def presented_key(authorization: str) -> str | None:
-    """The key a client sent: 'Bearer <key>', or HTTP Basic auth with the key as password (what TRL's async clients
-    send for a URL with user info, http://user:<key>@host:port); None for anything else."""
-    scheme, _, credentials = authorization.partition(" ")
-    if scheme.lower() == "bearer":
-        return credentials.strip()
-    if scheme.lower() == "basic":
-        try:
-            return base64.b64decode(credentials.strip(), validate=True).decode().partition(":")[2]
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-    return None
 
 
 def _web(reply: Reply) -> web.Response:

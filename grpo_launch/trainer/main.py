@@ -21,6 +21,7 @@ from grpo_launch.contracts.rundir import (
     FINAL_MODEL_DIR,
     REWARDS_DIR,
     append_metrics,
+    checkpoint_dir,
     mark_checkpoint,
     read_plan,
     resumable_checkpoints,
@@ -34,7 +35,6 @@ from grpo_launch.trainer.progress import PROGRESS, step_callback, write_failure
 from grpo_launch.trainer.vllm_sync import reloads
 
 RUN_DIR = Path(".")  # every rank works in its run directory (`main` goes there)
-CHECKPOINT_PREFIX = "checkpoint"  # transformers' checkpoint-<step> directories (PREFIX_CHECKPOINT_DIR)
 
 
 def load_reward(target: str):
@@ -111,7 +111,8 @@ def train_grpo(plan: Plan, dataset, rewards) -> None:
 
     if plan.device.host_tensor_locations:
         _allow_indexed_cpu_locations()
-    args = GRPOConfig(**plan.trainer_args)
+    served = plan.vllm.server is not None  # TRL's server mode: its client reaches the server with the key
+    args = GRPOConfig(**{**plan.trainer_args, **({"vllm_server_base_url": server_url(plan)} if served else {})})
     reload = reloads(plan)
     if reload:
         from grpo_launch.trainer.vllm_sync import use_reload_sync
@@ -123,6 +124,8 @@ def train_grpo(plan: Plan, dataset, rewards) -> None:
         configure_colocated_engine(**colocated_engine_args(plan, args))
     meter = StepMeter(RUN_DIR)
     trainer = measured(GRPOTrainer(args=args, **_common(plan, dataset, rewards, meter)), meter)
+    if served:  # its client holds the URL now; the arguments, which checkpoints save, go back to the plain one
+        trainer.args.vllm_server_base_url = plan.vllm.server.url
     run_trainer(trainer, plan)
     if reload:
         from grpo_launch.trainer.vllm_sync import check_engine_follows
@@ -142,23 +145,30 @@ def colocated_engine_args(plan: Plan, args) -> dict:
 
 
 def server_url(plan: Plan) -> str:
-    """The proxy's URL (TRL's vllm_server_base_url) as TRL's async clients reach it. A server that requires a key
-    (a keyed proxy) gets it in the URL's user info: TRL's clients (`requests` for control calls, an aiohttp session
-    for generation) take no headers, and both send a URL's credentials as HTTP Basic auth, which the proxy accepts.
-    The URL lives in memory only; the supervisor keeps the key out of the logs."""
-    url = plan.vllm.replicas.proxy_url
+    """The URL of the trainer's vLLM server (TRL's vllm_server_base_url: the proxy, or the one `vllm serve`) as
+    TRL's clients reach it. A server that requires a key (a keyed proxy; every `vllm serve`, contracts.vllm_guard)
+    gets it in the URL's user info: TRL's clients (`requests` sessions for control calls, an aiohttp session for
+    generation) take no headers, and all send a URL's credentials as HTTP Basic auth, which the proxy and the
+    replicas' guard accept. A variable the environment does not hold sends nothing (the replicas' key on a node its
+    scheduler did not give it: the launch said so). The URL lives in memory only; the supervisor keeps the key out
+    of the logs."""
+    url = plan.vllm.replicas.proxy_url if plan.vllm.replicas is not None else plan.vllm.server.url
     name = plan.trainer_inputs.server_key_env
-    if name is None:
+    key = os.environ.get(name) if name else None
+    if not key:
         return url
     parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=f"grpo:{quote(os.environ[name], safe='')}@{parts.netloc}"))
+    return urlunsplit(parts._replace(netloc=f"grpo:{quote(key, safe='')}@{parts.netloc}"))
 
 
 def train_async_loop(plan: Plan, dataset, rewards) -> None:
-    """AsyncGRPOTrainer needs CUDA: where it cannot run, TRL's async pieces run in a loop of our own."""
-    from grpo_launch.trainer.async_cpu import train_on_cpu
+    """AsyncGRPOTrainer needs CUDA: where it cannot run, TRL's async pieces run in a loop of our own (one process:
+    it resumes from its newest whole checkpoint, as it marks them)."""
+    from grpo_launch.trainer.async_cpu import Checkpoints, train_on_cpu
 
-    train_on_cpu(plan, dataset, rewards, peft_config(plan.trainer_inputs.lora), RUN_DIR, server_url(plan))
+    checkpoints = Checkpoints(Path(plan.trainer_facts.output_dir), plan.marks_checkpoints, set_aside)
+    train_on_cpu(plan, dataset, rewards, peft_config(plan.trainer_inputs.lora), RUN_DIR, server_url(plan),
+                 checkpoints)
 
 
 def train_async_grpo(plan: Plan, dataset, rewards) -> None:
@@ -204,7 +214,7 @@ def _checkpoint_callback():
 
     class MarkCheckpoints(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
-            checkpoint = Path(args.output_dir) / f"{CHECKPOINT_PREFIX}-{state.global_step}"
+            checkpoint = checkpoint_dir(Path(args.output_dir), state.global_step)
             if checkpoint.is_dir():
                 sync_checkpoint(checkpoint)
             _barrier()
@@ -241,6 +251,14 @@ def agreed_checkpoint(output_dir: str, marked: bool) -> str | None:
     return str(Path(output_dir) / choice[0]) if choice[0] else None
 
 
+def set_aside(checkpoint: Path, error: BaseException) -> RuntimeError:
+    """A checkpoint that failed to load, set aside so that the next resume takes the one before it: the error the
+    run fails with."""
+    set_checkpoint_aside(checkpoint, "".join(traceback.format_exception_only(error)).strip())
+    return RuntimeError(f"{checkpoint} could not be loaded, and is set aside: `grpo run --resume` resumes from the "
+                        f"checkpoint before it")
+
+
 def _loaded_callback(loaded: list[bool]):
     """A transformers callback that notes when training begins: the checkpoint resumed from has loaded by then."""
     from transformers import TrainerCallback
@@ -269,9 +287,7 @@ def run_trainer(trainer, plan: Plan) -> None:
     except BaseException as error:
         if checkpoint is None or loaded:
             raise
-        set_checkpoint_aside(Path(checkpoint), "".join(traceback.format_exception_only(error)).strip())
-        raise RuntimeError(f"{checkpoint} could not be loaded, and is set aside: `grpo run --resume` resumes from "
-                           f"the checkpoint before it") from error
+        raise set_aside(Path(checkpoint), error) from error
     if trainer.eval_dataset is not None and not _evaluated_at(trainer, trainer.state.global_step):
         trainer.evaluate()  # at the end too, as the colocate post scored its final models
     trainer.save_model(os.path.join(output_dir, FINAL_MODEL_DIR))

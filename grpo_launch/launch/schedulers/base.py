@@ -59,6 +59,11 @@ class Launcher(ABC, Generic[Settings]):
             return None
         return self.not_installed
 
+    def submit_command(self, plan: Plan, run_dir: Path) -> tuple[str, ...]:
+        """The command that submits the run written in `run_dir`, run there (what `grpo run` prints where the
+        scheduler is not installed here)."""
+        return plan.scheduler.submit
+
     def prepare(self, plan: Plan, options: Options, console: Console) -> Plan:
         """What must hold before anything is written, as a `UserError`; the plan as it is started."""
         return plan

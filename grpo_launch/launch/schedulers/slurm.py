@@ -29,6 +29,7 @@ from grpo_launch.contracts.shell import shell_line, shell_word
 from grpo_launch.errors import UserError
 from grpo_launch.launch.control_plane import Patience, Transient
 from grpo_launch.launch.follow import Job
+from grpo_launch.launch.replica_key import provide_replica_key
 from grpo_launch.launch.schedulers.base import JobLauncher
 from grpo_launch.launch.spawn import child_environment
 
@@ -148,6 +149,9 @@ class Slurm(JobLauncher[SlurmSettings]):
 
     def submit(self, plan: Plan, run_dir: Path, console: Console) -> SlurmJob:
         env = job_environment()
+        keyed = provide_replica_key(plan, range(plan.nodes), env)  # sbatch gives every node the job's environment
+        if keyed is not None:
+            console.print(f"[dim]{escape(keyed)}[/]")
         label = run_label(run_dir)
         sbatch, *rest = plan.scheduler.submit
         argv = [sbatch, f"--comment={label}", *rest]

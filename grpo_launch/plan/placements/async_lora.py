@@ -30,7 +30,7 @@ from grpo_launch.contracts.plan import (
     VllmSettings,
 )
 from grpo_launch.contracts.proxy import proxy_argv, unguarded_exposure
-from grpo_launch.contracts.vllm import ADAPTER_SUBDIR, VLLM_LORA_RANKS
+from grpo_launch.contracts.vllm import ADAPTER_SUBDIR, REPLICA_KEY_ENV, VLLM_LORA_RANKS
 from grpo_launch.errors import UserError, collect
 from grpo_launch.estimate.memory import Workload
 from grpo_launch.estimate.step_time import (
@@ -118,6 +118,11 @@ def _check_proxy(config: Config) -> None:
         raise UserError(f"{KEY}.proxy.host={p.host}: {problem}", key=f"{KEY}.proxy.host",
                         hint=f"set {KEY}.proxy.api_key_env=NAME and export NAME=<key> where grpo runs: the trainer "
                              f"sends it, as every other client must; or keep {KEY}.proxy.host={LOOPBACK}")
+    if p.upstream_api_key_env is not None:
+        raise UserError(f"{KEY}.proxy.upstream_api_key_env={p.upstream_api_key_env}: the replicas require the run's "
+                        f"own key ({REPLICA_KEY_ENV}), and the proxy sends them that one",
+                        key=f"{KEY}.proxy.upstream_api_key_env",
+                        hint=f"leave it null; to choose the replicas' key, export {REPLICA_KEY_ENV} where grpo runs")
 
 
 def _check_trainer_ranks(config: Config, device: Device, layout: Layout) -> None:
@@ -203,9 +208,8 @@ class AsyncLora(Placement):
         port = ctx.ports.claim(node, p.port, "the routing proxy", f"{KEY}.proxy.port")
         url = f"http://{LOOPBACK if p.host in (LOOPBACK, EVERY_INTERFACE) else p.host}:{port}"
         argv = proxy_argv(p, port=port, replica=[e.url for e in engines], block_size=config.vllm.block_size,
-                          tokenizer=ctx.model.path, api_key_env=p.api_key_env,
-                          upstream_api_key_env=p.upstream_api_key_env)
-        secrets = [name for name in (p.api_key_env, p.upstream_api_key_env) if name]
+                          tokenizer=ctx.model.path, api_key_env=p.api_key_env, upstream_api_key_env=REPLICA_KEY_ENV)
+        secrets = [name for name in (p.api_key_env, REPLICA_KEY_ENV) if name]
         spec = ProcessSpec(name="proxy", role=Role.PROXY, node=node, gpus=(), argv=argv, env=ctx.env(()),
                            pass_env=tuple(dict.fromkeys([*config.env.passthrough, *secrets])),
                            port=port, ready_url=f"{url}/health", ready_timeout_s=PROXY_READY_TIMEOUT_S,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from grpo_launch.contracts.devices import WeightSync
 from grpo_launch.contracts.plan import Plan, ServerEndpoint, Trainer, VllmSettings
+from grpo_launch.contracts.vllm import REPLICA_KEY_ENV
 from grpo_launch.estimate.step_time import StepModel, StepSplit, one_after_another
 from grpo_launch.plan.context import Context, PlacementResult
 from grpo_launch.plan.layout import dedicated_layout
@@ -43,7 +44,8 @@ class Server(Placement):
                                 max_model_len=v.max_model_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
                                 server=ServerEndpoint(url=engine.url, group_port=group_port))
         return PlacementResult(layout=layout, engines=[engine], services=[server], trainer_args=args,
-                               trainer_depends_on=("vllm",), vllm=settings, weight_sync=weight_sync)
+                               trainer_depends_on=("vllm",), vllm=settings, weight_sync=weight_sync,
+                               server_key_env=REPLICA_KEY_ENV)
 
     def step_time(self, model: StepModel) -> StepSplit:
         """The trainer's ranks wait while the server generates, then the server waits while they train; the new

@@ -36,7 +36,7 @@ from grpo_launch.contracts.schedulers import (
     job_name_part,
 )
 from grpo_launch.contracts.shell import shell_word
-from grpo_launch.contracts.vllm import VLLM_VERSION
+from grpo_launch.contracts.vllm import VLLM_VERSION, unguarded
 from grpo_launch.errors import UserError, did_you_mean
 from grpo_launch.plan.layout import Layout
 from grpo_launch.plan.schedulers.base import ANSWERS_PY, Scheduler
@@ -224,8 +224,11 @@ class HfJobs(Scheduler):
             if n in served:
                 p = served[n]
                 flavor = _flavor(s.flavor.vllm, gpus, cuda, f"{KEY}.flavor.vllm")
+                # vLLM's image has no grpo-launch for the replica key's guard; the Hub guards the port instead:
+                # it is exposed only behind the Hub's proxy, to a token of the namespace, and the network group
+                # holds this run's Jobs alone (its name is the run's own).
                 command = ("bash", "-c", f"cd {shell_word(s.mount_path)} && exec "
-                                         + " ".join(shell_word(a) for a in p.argv))
+                                         + " ".join(shell_word(a) for a in unguarded(p.argv)))
                 jobs.append(JobSpec(
                     name=names[n], node=n, processes=(p.name,), supervisor=False, image=vllm_image(s),
                     command=command, env=dict(p.env), secrets=tuple(s.secrets), flavor=flavor, gpus=gpus,
@@ -287,18 +290,38 @@ _SCRIPT_HEADER = """#!/usr/bin/env bash
 # Secrets go by name ({secrets}): their values are read from your environment, never written.
 # About ${price:.2f}/h while every Job runs ({source}). The vLLM Jobs start together and are waited for on their
 # exposed /health; one that dies is not restarted here (`grpo run` restarts it). Ctrl-C, a failure or the end of
-# the trainer Job cancels every Job.
+# the trainer Job cancels every Job of this run (found by its label too). The Hub's transient failures (5xx, 429,
+# timeouts, dropped connections, a log stream cut) are asked again; a Hub silent for longer than
+# control_plane_timeout_s leaves the Jobs as they are, says so, and exits 75.
+# shellcheck disable=SC2016  # each Job's command is single-quoted: what it expands, it expands where the Job runs
 set -euo pipefail
 cd "$(dirname "$0")"
 dry_run="${{DRY_RUN:-0}}"
 namespace="${{HF_JOBS_NAMESPACE:-{namespace}}}"
 bucket={bucket}
-run_id="$(printf '%s-%s' {slug} "$(basename "$PWD")" | tr 'A-Z' 'a-z' | tr -c 'a-z0-9-' '-' | cut -c1-{length})"
+run_id="$(printf '%s-%s' {slug} "$(basename "$PWD")" | tr '[:upper:]' '[:lower:]' | tr -c 'a-z0-9-' '-' \\
+  | cut -c1-{length})"
 run_id="$run_id-$(printf '%s' "$(pwd -P)" | sha256sum | cut -c1-{hash})"  # this directory's: told from every other
 mount={mount}
+control_plane_timeout_s={bound}  # scheduler.control_plane_timeout_s
+left_running=0
 submitted=()
-cancel_all() {{
-  for id in "${{submitted[@]}}"; do hf jobs cancel --namespace "$namespace" "$id" >/dev/null 2>&1 || true; done
+hub() {{  # ready JOB_ID TIMEOUT_S | follow JOB_ID | cancel [JOB_ID...], asked of the Hub; 75: it stayed silent
+  local code=0
+  python3 - "$namespace" "$run_id" "$control_plane_timeout_s" "$@" <<'PY' || code=$?
+{hub_py}PY
+  [ "$code" != 75 ] || left_running=1
+  return "$code"
+}}
+cancel_all() {{  # every Job of this run not ended: those submitted here, and any other carrying its label
+  [ "$dry_run" != 1 ] || return 0
+  if [ "$left_running" = 1 ]; then
+    echo "grpo: the Hub answered nothing for $control_plane_timeout_s s: the Jobs are left as they are, maybe" \\
+      "running; once it answers: hf jobs ps --namespace $namespace --label grpo-run=$run_id, hf jobs cancel ID" >&2
+    return 0
+  fi
+  hub cancel "${{submitted[@]}}" || echo "grpo: not every Job could be cancelled: hf jobs ps --namespace" \\
+    "$namespace --label grpo-run=$run_id" >&2
 }}
 trap cancel_all EXIT
 trap 'exit 130' INT TERM
@@ -312,23 +335,109 @@ submit() {{  # `hf jobs run` of one Job, detached: prints its ID (DRY_RUN=1: its
 }}
 wait_ready() {{  # JOB_ID TIMEOUT_S: until its exposed /health answers; fails at once when the Job ends
   [ "$dry_run" = 1 ] && return 0
-  python3 - "$namespace" "$1" "$2" <<'PY'
-import sys, time, urllib.request
-from huggingface_hub import HfApi, get_token
-{answers}namespace, job_id, deadline = sys.argv[1], sys.argv[2], time.time() + float(sys.argv[3])
-api, token = HfApi(), get_token()
-while time.time() < deadline:
-    job = api.inspect_job(job_id=job_id, namespace=namespace)
-    if job.status.stage in ("COMPLETED", "CANCELED", "ERROR", "DELETED"):
-        print("\\n".join(api.fetch_job_logs(job_id=job_id, namespace=namespace, tail=25)), file=sys.stderr)
-        sys.exit(f"Job {{job_id}} ended ({{job.status.stage}}: {{job.status.message}}) before it served")
-    if any(answers(url + "{health}", {{"Authorization": f"Bearer {{token}}"}}) for url in job.status.expose_urls or ()):
-        sys.exit(0)
-    time.sleep(5)
-sys.exit(f"Job {{job_id}} did not answer {health} within {{sys.argv[3]}} s")
-PY
+  hub ready "$1" "$2"
 }}
 
+"""
+
+# What hf-jobs.sh asks of the Hub, in Python (huggingface_hub), each call asked again through the Hub's transient
+# failures as `grpo run` asks (launch/schedulers/hf_jobs.py: `transient`): a 5xx, a 429 after its Retry-After, a
+# timeout, a dropped connection; silent for the bound, it exits 75 and the Jobs are left as they are.
+_HUB_PY = """import signal, sys, time, urllib.request
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+import httpx
+from huggingface_hub import HfApi, get_token
+from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.utils import get_session
+{answers}TERMINAL = ("COMPLETED", "CANCELED", "ERROR", "DELETED")
+namespace, group, bound, command, args = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5:]
+get_session().timeout = httpx.Timeout(min(30.0, bound / 3))  # a request's wait for an answer, bounded
+api, silent = HfApi(), None  # silent: since when the Hub has answered nothing but transient failures
+
+
+def passing(error):
+    \"\"\"How long a transient failure asks to be waited (0: backoff); None for an answer that refuses.\"\"\"
+    if isinstance(error, HfHubHTTPError) and error.response is not None:
+        status, after = error.response.status_code, error.response.headers.get("Retry-After", "")
+        return (float(after) if after.isdigit() else 0.0) if status >= 500 or status == 429 else None
+    return 0.0 if isinstance(error, (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)) else None
+
+
+def ask(what, call, **kwargs):
+    \"\"\"call(**kwargs) through the Hub's transient failures; exit 75 once it has been silent for the bound.\"\"\"
+    global silent
+    tries = 0
+    while True:
+        try:
+            answer = call(**kwargs)
+        except Exception as e:
+            after = passing(e)
+            if after is None:
+                raise
+            now = time.monotonic()
+            silent = silent or now
+            if now - silent >= bound:
+                print(f"grpo: the Hub answered nothing for {{now - silent:.0f}} s ({{what}}: {{e!r:.200}})",
+                      file=sys.stderr)
+                sys.exit(75)
+            wait, tries = min(after or 2.0 ** tries, 30.0, bound - (now - silent)), tries + 1
+            print(f"grpo: {{what}}: {{e!r:.200}}; asking again in {{wait:.0f}} s", file=sys.stderr)
+            time.sleep(wait)
+            continue
+        silent = None
+        return answer
+
+
+def stage(job_id):
+    return str(ask(f"reading Job {{job_id}}'s stage", api.inspect_job, job_id=job_id, namespace=namespace).status.stage)
+
+
+if command == "ready":  # JOB_ID TIMEOUT_S: until its exposed /health answers; fails at once when the Job ends
+    job_id, token, deadline = args[0], get_token(), time.time() + float(args[1])
+    while time.time() < deadline:
+        job = ask(f"reading Job {{job_id}}'s stage", api.inspect_job, job_id=job_id, namespace=namespace)
+        if job.status.stage in TERMINAL:
+            print("\\n".join(api.fetch_job_logs(job_id=job_id, namespace=namespace, tail=25)), file=sys.stderr)
+            sys.exit(f"Job {{job_id}} ended ({{job.status.stage}}: {{job.status.message}}) before it served")
+        headers = {{"Authorization": f"Bearer {{token}}"}}
+        if any(answers(url + "{health}", headers) for url in job.status.expose_urls or ()):
+            sys.exit(0)
+        time.sleep(5)
+    sys.exit(f"Job {{job_id}} did not answer {health} within {{args[1]}} s")
+elif command == "follow":  # JOB_ID: its log to its end; a stream that ends while it runs is attached again
+    job_id, written, wait, last = args[0], 0, 1.0, False
+    while True:
+        why = None
+        try:
+            for i, line in enumerate(api.fetch_job_logs(job_id=job_id, namespace=namespace, follow=True)):
+                if i >= written:  # the Hub replays the log from its start: the lines printed already are skipped
+                    print(line, flush=True)
+                    written, wait = written + 1, 1.0
+        except Exception as e:
+            if passing(e) is None:
+                raise
+            why = repr(e)[:200]
+        if last and (why is None or time.monotonic() > give_up):  # (its last lines asked for within the bound)
+            break
+        if not last:
+            now = stage(job_id)
+            if now in TERMINAL:
+                if why is None:
+                    break
+                last, give_up = True, time.monotonic() + bound  # its last lines, at once: the Hub replays an
+                continue                                        # ended Job's whole log, then ends it
+            print(f"grpo: the log stream of Job {{job_id}} ended while it is {{now}} ({{why or 'cut'}}); attaching "
+                  f"again in {{wait:.0f}} s", file=sys.stderr)
+        time.sleep(wait)
+        wait = min(30.0, wait * 2)
+    print(f"grpo: the trainer Job ended {{now}}", flush=True)
+    sys.exit(0 if now == "COMPLETED" else 1)
+elif command == "cancel":  # [JOB_ID...]: these, and every other Job carrying the run's label, unless ended
+    found = ask("listing the run's Jobs", lambda: {{j.id: str(j.status.stage) for j in api.list_jobs(
+        labels={{"grpo-run": group}}, namespace=namespace) if (j.labels or {{}}).get("grpo-run") == group}})
+    for job_id in dict.fromkeys([*args, *found]):
+        if (found.get(job_id) or stage(job_id)) not in TERMINAL:
+            ask(f"cancelling Job {{job_id}}", api.cancel_job, job_id=job_id, namespace=namespace)
 """
 
 _SCRIPT_UPLOAD = """# The run directory into the bucket, mounted at $mount in every Job.
@@ -341,15 +450,15 @@ fi
 _SCRIPT_WHEEL = "  ls {wheels}/grpo_launch-*.whl >/dev/null 2>&1 || python3 -m grpo_launch.launch.wheel {wheels}\n"
 
 _SCRIPT_TAIL = """
-# Follow the trainer Job to its end, bring the run directory back; the trainer's stage names the exit code. The
-# EXIT trap cancels every Job.
+# Follow the trainer Job's log to its end (attached again when the stream is cut while it runs), bring the run
+# directory back; the trainer's stage names the exit code. The EXIT trap cancels every Job, unless the Hub stayed
+# silent (75): then they are left as they are, and it says so.
 [ "$dry_run" = 1 ] && exit 0
-hf jobs logs --follow --namespace "$namespace" "$trainer" || true
+code=0
+hub follow "$trainer" || code=$?
+[ "$code" != 75 ] || exit 75
 hf buckets sync "hf://buckets/$bucket/$run_id" .  # the run directory back: logs, metrics, checkpoints
-stage="$(hf jobs inspect --namespace "$namespace" "$trainer" --format json \\
-  | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["status"]["stage"])')"
-echo "grpo: the trainer Job ended $stage"
-[ "$stage" = COMPLETED ]
+[ "$code" = 0 ]
 """
 
 
@@ -403,8 +512,9 @@ def hf_jobs_script(config: Config, recipe: str, jobs: list[JobSpec], trainer: st
         recipe=recipe, placement=config.placement.kind, count=len(jobs), file=HF_JOBS_FILE,
         secrets=", ".join(s.secrets) or "none", price=price, source=PRICES_SOURCE.split(" (")[0],
         namespace=namespace, bucket=bucket, slug=shell_word(job_name_part(recipe)[:RECIPE_LENGTH]),
-        length=GROUP_LENGTH - RUN_HASH_LENGTH - 1, hash=RUN_HASH_LENGTH, mount=shell_word(s.mount_path), health=HEALTH,
-        answers=ANSWERS_PY)
+        length=GROUP_LENGTH - RUN_HASH_LENGTH - 1, hash=RUN_HASH_LENGTH, mount=shell_word(s.mount_path),
+        bound=shell_word(f"{config.scheduler.control_plane_timeout_s:g}"),
+        hub_py=_HUB_PY.format(answers=ANSWERS_PY, health=HEALTH))
     text += f"timeout={shell_word(s.timeout)}\n\n"
     for step in prepare:  # built here, before the upload: the vLLM Jobs read it before any supervisor runs
         text += f"# {step.name}: built here, uploaded with the run directory\n"

@@ -4,6 +4,11 @@ The run directory is the task's workdir: SkyPilot copies it to every node. Each 
 which exports GRPO_HOST_K from line K of SKYPILOT_NODE_IPS (node 0 first) and starts grpo-launch's supervisor for
 node SKYPILOT_NODE_RANK. SkyPilot ends the job when every node's run ends, and fails it (stopping the others) as
 soon as one fails.
+
+Each run gets a cluster of its own, named after its run directory (`contracts.schedulers.skypilot_cluster`): the plan
+does not know the run directory, so it names the cluster by its pattern, and the launcher, which does, puts the
+run's name in its place in the submit command. A cluster the recipe names (`scheduler.skypilot.cluster_name`) is
+used as named. How the cluster ends (`--down`, `--idle-minutes-to-autostop`) is in the submit command.
 """
 
 from __future__ import annotations
@@ -14,7 +19,12 @@ from grpo_launch.compose.schema import Config
 from grpo_launch.contracts.devices import device_of
 from grpo_launch.contracts.plan import NodeGroup, Plan, SchedulerPlan
 from grpo_launch.contracts.rundir import SKYPILOT_TASK_FILE
-from grpo_launch.contracts.schedulers import SKYPILOT_ACCELERATORS, SKYPILOT_NAME
+from grpo_launch.contracts.schedulers import (
+    SKYPILOT_ACCELERATORS,
+    SkyPilotSettings,
+    skypilot_cluster_pattern,
+    skypilot_name_part,
+)
 from grpo_launch.contracts.shell import shell_line
 from grpo_launch.errors import UserError
 from grpo_launch.plan.schedulers.base import NODE_SUPERVISOR, Scheduler, setup_lines
@@ -37,7 +47,22 @@ exec {supervisor} --node "$SKYPILOT_NODE_RANK"
 
 
 def cluster_name(config: Config, recipe: str) -> str:
-    return config.scheduler.skypilot.cluster_name or f"grpo-{recipe}".replace(".", "-")
+    """The cluster as the plan knows it: the recipe's name for it, or the pattern of the run's own."""
+    return config.scheduler.skypilot.cluster_name or skypilot_cluster_pattern(recipe)
+
+
+def task_name(config: Config, recipe: str) -> str:
+    """The task's (the job's) name in `sky queue`: the cluster's the recipe names, or grpo-<recipe> (both SkyPilot
+    names: the one checked as the recipe is composed, the other made of letters, digits and dashes)."""
+    return config.scheduler.skypilot.cluster_name or f"grpo-{skypilot_name_part(recipe)}"
+
+
+def teardown(s: SkyPilotSettings) -> tuple[str, ...]:
+    """`sky launch`'s options for how the cluster ends once no job runs on it."""
+    options: tuple[str, ...] = ("--down",) if s.down else ()
+    if s.idle_minutes_to_autostop is not None:
+        options += ("--idle-minutes-to-autostop", str(s.idle_minutes_to_autostop))
+    return options
 
 
 def accelerators(config: Config) -> str | None:
@@ -62,9 +87,6 @@ class SkyPilot(Scheduler):
 
     def job(self, config: Config, plan: Plan) -> tuple[SchedulerPlan, dict[str, Any]]:
         s, recipe = config.scheduler.skypilot, plan.recipe
-        if not SKYPILOT_NAME.fits(name := cluster_name(config, recipe)):
-            raise UserError(f"the SkyPilot cluster name {name!r} (grpo-<recipe>) is not {SKYPILOT_NAME.what}",
-                            key="scheduler.skypilot.cluster_name", hint="set scheduler.skypilot.cluster_name=NAME")
         nodes = config.cluster.nodes
         resources: dict[str, Any] = {}
         for key, value in (("cloud", s.cloud), ("accelerators", accelerators(config)), ("disk_size", s.disk_size)):
@@ -72,7 +94,7 @@ class SkyPilot(Scheduler):
                 resources[key] = value
         if s.use_spot:
             resources["use_spot"] = True
-        task: dict[str, Any] = {"name": cluster_name(config, recipe), "num_nodes": nodes, "workdir": "."}
+        task: dict[str, Any] = {"name": task_name(config, recipe), "num_nodes": nodes, "workdir": "."}
         if resources:
             task["resources"] = resources
         if config.scheduler.setup:
@@ -83,10 +105,10 @@ class SkyPilot(Scheduler):
         groups = tuple(NodeGroup(f"node {n}", (n,), by_node[n], command,
                                  "trainer nodes: when training ends; nodes that only serve: when the job is "
                                  "cancelled or fails") for n in range(nodes))
+        cluster = cluster_name(config, recipe)
         scheduled = SchedulerPlan(
             kind=self.name, job_file=self.job_file,
-            submit=("sky", "launch", "--yes", "--cluster", cluster_name(config, recipe), self.job_file),
-            cluster=cluster_name(config, recipe),
+            submit=("sky", "launch", "--yes", "--cluster", cluster, *teardown(s), self.job_file), cluster=cluster,
             node_rank="SKYPILOT_NODE_RANK", addresses="GRPO_HOST_K: line K of SKYPILOT_NODE_IPS, exported by the "
                                                       "task's run script", groups=groups,
             verbatim=setup_lines(config))
