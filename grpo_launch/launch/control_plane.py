@@ -16,6 +16,7 @@ from typing import TypeVar
 FIRST_RETRY_S = 1.0
 MAX_RETRY_S = 30.0
 SAY_EVERY_S = 60.0
+STOP_CHECK_S = 0.2
 
 T = TypeVar("T")
 
@@ -66,14 +67,19 @@ class Patience:
             self.say(f"{self.what} answers again, after {time.monotonic() - self.since:.0f} s")
             self.since = None
 
-    def call(self, ask: Callable[[], T]) -> T:
+    def call(self, ask: Callable[[], T], *, stop: Callable[[], str | None] | None = None) -> T:
         """`ask()` until it answers (or raises anything but `Transient`): for calls that must get through (a
-        cancel, a stop)."""
+        cancel, a stop). `stop()`, asked every STOP_CHECK_S while waiting, may end the waiting with why
+        (`Unreachable`): a user who pressed Ctrl-C again."""
         while True:
             try:
                 answer = ask()
             except Transient as e:
-                time.sleep(self.failed(e))
+                deadline = time.monotonic() + self.failed(e)
+                while (left := deadline - time.monotonic()) > 0:
+                    if stop is not None and (why := stop()):
+                        raise Unreachable(f"{self.what} was still being asked ({e}) {why}") from None
+                    time.sleep(min(STOP_CHECK_S, left) if stop is not None else left)
                 continue
             self.answered()
             return answer

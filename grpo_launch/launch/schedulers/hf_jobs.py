@@ -229,20 +229,9 @@ class JobsRun:
 
     # -- the Hub ------------------------------------------------------------------------------------------------
     def _patiently(self, attempt: Callable[[], T]) -> T:
-        """`attempt()` until it answers or raises anything but `Transient` (`Patience.call`, but a second Ctrl-C
-        ends the waiting: `Unreachable`, the Jobs left as they are)."""
-        while True:
-            try:
-                answer = attempt()
-            except Transient as e:
-                deadline = time.monotonic() + self.patience.failed(e)
-                while time.monotonic() < deadline:
-                    if self.presses > 1:
-                        raise Unreachable(f"{HUB} was still being asked ({e}) at the second Ctrl-C") from None
-                    time.sleep(min(TICK_S, max(0.0, deadline - time.monotonic())))
-                continue
-            self.patience.answered()
-            return answer
+        """`attempt()` through the Hub's transient errors; a second Ctrl-C ends the waiting (`Unreachable`, the Jobs
+        left as they are)."""
+        return self.patience.call(attempt, stop=lambda: "at the second Ctrl-C" if self.presses > 1 else None)
 
     def _ask(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A Hub call, asked through its transient errors within the bound."""
